@@ -1,0 +1,157 @@
+"""The harness's command line.
+
+  python -m harness run regimes/<model>.toml [--tokens 1,8,64] [--no-exec]
+      warm up every kernel the regime names, then print one table per op and shape: warm-up (compile)
+      time, ISA card of each variant, and, where a GPU or the emulator executes, cosine, determinism and
+      padding results per token count.
+  python -m harness isa [--json]     every variant's ISA card
+  python -m harness list [--json]    registered kernel packages: op, shape token, entries, regime ops
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _setup():
+    from harness import device, importer
+
+    importer.expose_amd_kernels()
+    return device.setup()
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
+
+
+def _cards_of(entry) -> list[tuple[str, object]]:
+    from harness.isa import cards, code_object_of
+
+    keys = sorted({k for ks in entry.modes.values() for k in ks})
+    return [(key, card) for key in keys for card in cards(code_object_of(entry.table[key]))]
+
+
+def _card_row(key, card) -> list:
+    mfma = sum(card.mfma.values())
+    loads = ",".join(f"{m}x{n}" for m, n in card.global_loads.items()) or "-"
+    bad = "; ".join(card.violations()) or "ok"
+    return [key, card.vgprs, card.agprs, card.sgprs, card.lds_bytes, card.scratch_bytes, card.waves_per_simd,
+            mfma, loads, bad]
+
+
+CARD_HEADERS = ["variant", "vgpr", "agpr", "sgpr", "lds", "scratch", "waves/simd", "mfma", "global loads", "rules"]
+
+
+def cmd_run(args) -> int:
+    dev = _setup()
+    from harness import cases, checks, discovery, regimes
+    from references import OPS
+
+    path = Path(args.regime)
+    regime_name = path.stem
+    regimes.load(path)  # validate the file
+    packages = discovery.discover()
+    wanted_tokens = {int(t) for t in args.tokens.split(",")} if args.tokens else None
+    failed = False
+    print(f"regime {regime_name} on {dev.kind}")
+    for shape in cases.op_shapes([regime_name]):
+        pkg = packages[shape.kernel]
+        entry = pkg.import_entries()[pkg.entry_for_op(shape.op)]
+        start = time.perf_counter()
+        report = entry.warm_up()
+        warm_s = time.perf_counter() - start
+        compiled = sum(r["compiled"] for r in report.values())
+        print(f"\n== {shape.op} @ {shape.kernel}  (served by {', '.join(shape.served_by)})")
+        print(f"warm-up {warm_s:.2f} s, {compiled} of {sum(r['variants'] for r in report.values())} variants compiled")
+        card_rows = [_card_row(k, c) for k, c in _cards_of(entry)]
+        print(_table(CARD_HEADERS, card_rows))
+        failed |= any(r[-1] != "ok" for r in card_rows)
+        if args.no_exec:
+            continue
+        rows = []
+        for count in shape.token_counts:
+            if wanted_tokens and count.tokens not in wanted_tokens:
+                continue
+            seed = checks.seed_of(shape.id, count.tokens, count.real)
+            res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+            bad = res.failures(OPS[shape.op].cosine_min)
+            failed |= bool(bad)
+            cos = " ".join(f"{n}={c:.6f}" for n, c in res.cosines.items())
+            rows.append([count.tokens, count.real, cos, "yes" if res.deterministic else "NO",
+                         "yes" if res.padding_harmless else "NO",
+                         f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""),
+                         "ok" if not bad else "; ".join(bad)])
+        print(_table(["tokens", "real", "cosine", "deterministic", "padding harmless", "rows checked",
+                      "result"], rows))
+    return 1 if failed else 0
+
+
+def _all_entries():
+    from harness import cases, discovery
+
+    packages = discovery.discover()
+    seen = {}
+    for shape in cases.op_shapes():
+        pkg = packages[shape.kernel]
+        name = pkg.entry_for_op(shape.op)
+        seen[(pkg.path, name)] = (pkg, pkg.import_entries()[name])
+    return seen
+
+
+def cmd_isa(args) -> int:
+    _setup()
+    found = []  # (kernel path, entry name, variant key, card)
+    for (path, name), (_, entry) in _all_entries().items():
+        entry.warm_up()
+        found += [(path, name, key, card) for key, card in _cards_of(entry)]
+    if args.json:
+        print(json.dumps([{"kernel": p, "entry": n, "variant": k, **c.as_dict(), "violations": c.violations()}
+                          for p, n, k, c in found], indent=1))
+    else:
+        print(_table(["kernel"] + CARD_HEADERS, [[p] + _card_row(k, c) for p, _, k, c in found]))
+    return 1 if any(c.violations() for *_, c in found) else 0
+
+
+def cmd_list(args) -> int:
+    from harness import cases, discovery
+
+    served: dict = {}
+    for shape in cases.op_shapes():
+        served.setdefault(shape.kernel, []).append({"op": shape.op, "served_by": list(shape.served_by)})
+    rows = [{"kernel": p.path, "category": p.path.split("/")[0], "shape_token": p.path.split("/")[1],
+             "module": p.module, "entries": p.entries, "regime_ops": served.get(p.path, [])}
+            for p in discovery.discover().values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(_table(["kernel", "entries", "regime ops"],
+                     [[r["kernel"], ", ".join(r["entries"]),
+                       "; ".join(f"{o['op']} ({', '.join(o['served_by'])})" for o in r["regime_ops"])]
+                      for r in rows]))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="warm up and check every kernel a regime names")
+    run.add_argument("regime", help="regimes/<model>.toml")
+    run.add_argument("--tokens", help="comma-separated token counts to execute (default: all)")
+    run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")
+    isa = sub.add_parser("isa", help="print every variant's ISA card")
+    isa.add_argument("--json", action="store_true")
+    lst = sub.add_parser("list", help="list registered kernel packages")
+    lst.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    os.environ.setdefault("AMD_KERNELS_COMPILE_ERROR", "0")
+    return {"run": cmd_run, "isa": cmd_isa, "list": cmd_list}[args.command](args)

@@ -1,0 +1,125 @@
+"""Disassemble a code object's .text with Debian llvm-22's llvm-objdump into per-PC instruction records.
+
+The disassembly text is cached per code-object hash in .cache/emulator/disasm/. Each record keeps the
+mnemonic, positional operands and the space-separated modifiers exactly as LLVM prints them; translate.py
+turns each record into an executable closure once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+from harness.toolchain import find_system_tool
+
+from .shim import BUILD_DIR
+
+# Modifier words that LLVM prints without a colon after the last positional operand.
+FLAG_WORDS = {
+    "offen", "idxen", "glc", "slc", "nt", "sc0", "sc1", "lds", "clamp", "gds", "tfe", "lwe", "addr64",
+    "row_mirror", "row_half_mirror", "nv",
+}
+
+_LINE = re.compile(r"^\s+(\S+)(.*?)\s*//\s*([0-9A-Fa-f]+):((?:\s+[0-9A-Fa-f]{8})+)")
+
+
+@dataclass
+class Inst:
+    pc: int                      # virtual address
+    size: int                    # bytes
+    mnemonic: str
+    operands: list[str]
+    mods: dict = field(default_factory=dict)   # name -> value string (True for flag words)
+    text: str = ""
+
+    def __str__(self):
+        return self.text
+
+
+def _split_top(s: str, sep: str) -> list[str]:
+    """Split on `sep` outside brackets/parentheses."""
+    out, depth, cur = [], 0, []
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c in "[(":
+            depth += 1
+        elif c in "])":
+            depth -= 1
+        if depth == 0 and s.startswith(sep, i):
+            out.append("".join(cur))
+            cur = []
+            i += len(sep)
+            continue
+        cur.append(c)
+        i += 1
+    out.append("".join(cur))
+    return [x.strip() for x in out if x.strip()]
+
+
+def _is_modifier(tok: str) -> bool:
+    return tok in FLAG_WORDS or (":" in tok and not tok.startswith(("v[", "s[", "a[", "ttmp[")))
+
+
+def parse_line(mnemonic: str, rest: str) -> tuple[list[str], dict]:
+    rest = re.sub(r"\s*<[^>]*>\s*$", "", rest.strip())  # branch target annotation
+    if mnemonic == "s_waitcnt":
+        return [rest], {}
+    parts = _split_top(rest, ",")
+    operands, mods = [], {}
+    if parts:
+        words = _split_top(parts[-1], " ")
+        parts = parts[:-1] + words[:1]
+        tail = words[1:]
+        for p in parts:
+            if _is_modifier(p):
+                tail.insert(0, p)
+            else:
+                operands.append(p)
+        for t in tail:
+            if ":" in t:
+                k, v = t.split(":", 1)
+                mods[k] = v
+            else:
+                mods[t] = True
+    return operands, mods
+
+
+def disassemble_text(elf_path: str) -> str:
+    objdump = find_system_tool("llvm-objdump")
+    if objdump is None:
+        raise RuntimeError("llvm-objdump-22 not found: install Debian's llvm-22 (llvm-19 does not know gfx950)")
+    return subprocess.run([objdump, "-d", "--mcpu=gfx950", elf_path], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def disassemble(elf: bytes, digest: str) -> list[Inst]:
+    cache_dir = BUILD_DIR / "disasm"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    txt_path = cache_dir / f"{digest}.txt"
+    if not txt_path.is_file():
+        elf_path = cache_dir / f"{digest}.{os.getpid()}.elf"
+        elf_path.write_bytes(elf)
+        try:
+            text = disassemble_text(str(elf_path))
+        finally:
+            elf_path.unlink(missing_ok=True)
+        tmp = txt_path.with_name(f"{txt_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(txt_path)
+    return parse_listing(txt_path.read_text())
+
+
+def parse_listing(text: str) -> list[Inst]:
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        mnemonic, rest, addr, words = m.groups()
+        operands, mods = parse_line(mnemonic, rest)
+        size = 4 * len(words.split())
+        out.append(Inst(int(addr, 16), size, mnemonic, operands, mods, f"{mnemonic}{rest}".strip()))
+    return out

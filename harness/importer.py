@@ -1,0 +1,36 @@
+"""Make `import amd_kernels` work from a plain checkout (the package's folder is kernels/).
+
+`pip install -e .` maps the name itself; without it, a symlink .cache/import/amd_kernels -> kernels on
+sys.path does (env.sh puts the same folder on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from harness.toolchain import CACHE, REPO
+
+IMPORT_DIR = CACHE / "import"
+
+
+def ensure_link() -> None:
+    link = IMPORT_DIR / "amd_kernels"
+    target = REPO / "kernels"
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    IMPORT_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = IMPORT_DIR / f".amd_kernels.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(target)
+    tmp.replace(link)
+
+
+def expose_amd_kernels() -> None:
+    if importlib.util.find_spec("amd_kernels") is not None:
+        return
+    ensure_link()
+    sys.path.insert(0, str(IMPORT_DIR))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(IMPORT_DIR), os.environ.get("PYTHONPATH")]))

@@ -1,0 +1,107 @@
+"""The standard checks of every registered kernel, generated from the regimes.
+
+No kernel needs a test file of its own for these; a kernel package may add tests for what is special
+about it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import cases, checks, discovery
+from harness import device as devices
+from harness.isa import cards, code_object_of
+from amd_kernels import compile_watch
+from references import OPS
+
+SHAPES = cases.op_shapes()
+PACKAGES = discovery.discover()
+
+
+def _entry(shape: cases.OpShape):
+    pkg = PACKAGES[shape.kernel]
+    return pkg, pkg.import_entries()[pkg.entry_for_op(shape.op)]
+
+
+def test_regimes_and_declarations_agree():
+    assert cases.validate() == []
+
+
+NUMERIC_CASES = [
+    pytest.param(shape, count, id=f"{shape.kernel}:{shape.op}:m{count.tokens}r{count.real}")
+    for shape in SHAPES
+    for count in shape.token_counts
+]
+
+
+@pytest.mark.parametrize("shape,count", NUMERIC_CASES)
+def test_numerics(shape, count):
+    """Cosine against the reference, bitwise determinism and harmless padding rows at one token count."""
+    pkg, entry = _entry(shape)
+    seed = checks.seed_of(shape.id, count.tokens, count.real)
+    result = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+    assert result.failures(OPS[shape.op].cosine_min) == [], result
+
+
+ENTRY_SHAPES = {(s.kernel, s.op): s for s in SHAPES}
+
+
+@pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
+def test_isa_cards(shape):
+    """Every variant the entry can hit compiles for gfx950 with no scratch and no floating-point atomic."""
+    _, entry = _entry(shape)
+    entry.warm_up()
+    keys = sorted({k for ks in entry.modes.values() for k in ks})
+    assert keys, "an entry with no variants"
+    for key in keys:
+        assert entry.table.is_loaded(key), f"{key} not loaded by warm-up"
+        for card in cards(code_object_of(entry.table[key])):
+            assert card.violations() == [], f"{key}: {card}"
+
+
+@pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
+def test_no_compile_after_warm_up(shape):
+    """Warm every mode, then call every token count of the regimes: nothing may compile."""
+    _, entry = _entry(shape)
+    entry.warm_up()
+    op = OPS[shape.op]
+    dev = devices.current().torch_device
+    with compile_watch.recording() as events, checks.no_execution():
+        for count in shape.token_counts:
+            inputs = checks.to_device(op.build_inputs(count.tokens, shape.dims, 0), dev)
+            entry(**inputs)
+    assert compile_watch.serving_compiles(events) == []
+
+
+@pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
+def test_opcheck(shape):
+    """The entry is a well-formed torch custom op (schema, fake tensor, dispatch)."""
+    _, entry = _entry(shape)
+    entry.warm_up()
+    inputs = checks.to_device(OPS[shape.op].build_inputs(2, shape.dims, 1), devices.current().torch_device)
+    torch.library.opcheck(entry, kwargs=inputs)
+
+
+def _bad_variants(inputs: dict):
+    """(argument name, broken inputs) pairs: wrong dtype, wrong shape, non-contiguous, wrong device."""
+    for name, t in inputs.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        wrong_dtype = torch.float32 if t.dtype != torch.float32 else torch.bfloat16
+        yield name, "dtype", {**inputs, name: t.to(wrong_dtype)}
+        yield name, "shape", {**inputs, name: t.reshape(-1)[: t.numel() - 32].reshape(-1) if t.dim() == 1
+                              else t[:, :-32]}
+        doubled = torch.cat([t, t], dim=-1)
+        yield name, "contiguous", {**inputs, name: doubled[..., ::2]}
+        yield name, "device", {**inputs, name: t.to("meta")}
+
+
+@pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
+def test_bad_input_names_the_argument(shape):
+    _, entry = _entry(shape)
+    inputs = checks.to_device(OPS[shape.op].build_inputs(2, shape.dims, 2), devices.current().torch_device)
+    for name, what, broken in _bad_variants(inputs):
+        with pytest.raises((TypeError, ValueError)) as err:
+            entry(**broken)
+        assert name in str(err.value), f"{what} error for {name} does not name it: {err.value}"

@@ -1,0 +1,160 @@
+"""Report FlyDSL compiles that happen while serving.
+
+Every trace of a `@flyc.jit` function (a compile, or at best a ~0.2 ms cache-key build plus a disk-cache
+load) is recorded. Compiles inside a warm-up are expected; any other compile after the first warm-up is
+reported with its call site (the first frame outside amd_kernels and flydsl) and what changed in the
+compile key against the nearest key that function compiled before. With AMD_KERNELS_COMPILE_ERROR=1 the
+report is raised as CompileWhileServing instead of warned (the harness runs that way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass, field
+
+ERROR_ENV = "AMD_KERNELS_COMPILE_ERROR"
+
+
+class CompileWhileServing(RuntimeWarning):
+    """A FlyDSL compile happened outside every warm-up, after a warm-up had run."""
+
+
+class CompileWhileServingError(RuntimeError):
+    pass
+
+
+@dataclass
+class CompileEvent:
+    function: str
+    key: dict  # argument name -> summary of what the compile key sees of it
+    call_site: str  # "file:line in function" of the first frame outside amd_kernels and flydsl
+    during_warm_up: bool
+    changed: list = field(default_factory=list)  # "arg: old -> new" against the nearest earlier key
+
+    def describe(self) -> str:
+        why = "; ".join(self.changed) if self.changed else "first compile of this function in this process"
+        return f"FlyDSL compile of {self.function} at {self.call_site} ({why})"
+
+
+_lock = threading.RLock()
+_state = threading.local()
+_events: list[CompileEvent] = []
+_keys_seen: dict[str, list[dict]] = {}
+_armed = False  # becomes True when the first warm-up finishes
+_installed = False
+
+
+def _summarize(value) -> str:
+    try:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return f"Tensor[{value.dtype}, rank {value.dim()}]"
+    except ImportError:  # pragma: no cover - torch is always present where kernels run
+        pass
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return repr(value)
+    return type(value).__name__
+
+
+_OUR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames that only carry the call into a kernel: FlyDSL itself and torch's custom-op dispatch.
+_PASS_THROUGH = (f"{os.sep}flydsl{os.sep}", f"{os.sep}torch{os.sep}_ops.py", f"{os.sep}torch{os.sep}_library{os.sep}")
+
+
+def _call_site() -> str:
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(_OUR_DIR) or any(p in path for p in _PASS_THROUGH):
+            continue
+        return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return "<unknown>"
+
+
+def _diff(old: dict, new: dict) -> list[str]:
+    names = list(dict.fromkeys([*old, *new]))
+    return [f"{n}: {old.get(n, '<absent>')} -> {new.get(n, '<absent>')}" for n in names if old.get(n) != new.get(n)]
+
+
+def _record(function: str, key: dict) -> CompileEvent:
+    with _lock:
+        during = in_warm_up()
+        event = CompileEvent(function, key, _call_site(), during)
+        earlier = _keys_seen.setdefault(function, [])
+        if earlier:
+            event.changed = min((_diff(k, key) for k in earlier), key=len)
+            if not event.changed:
+                event.changed = ["same key: a plain @flyc.jit call instead of the compiled function"]
+        earlier.append(key)
+        _events.append(event)
+    if _armed and not during:
+        if os.environ.get(ERROR_ENV, "") not in ("", "0"):
+            raise CompileWhileServingError(event.describe())
+        warnings.warn(event.describe(), CompileWhileServing, stacklevel=2)
+    return event
+
+
+def install() -> None:
+    """Wrap FlyDSL's JIT entry point once per process so every trace is recorded."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        from flydsl.compiler import jit_function
+
+        original = jit_function.JitFunction._compile_or_execute
+
+        def watched(self, args, kwargs, *, execute, return_compiled=False):
+            from flydsl._mlir import ir
+
+            if ir.Context.current is None:  # an outer launch, not a nested trace
+                try:
+                    bound = self._sig.bind(*self._split_self(args)[1], **kwargs)
+                    key = {name: _summarize(v) for name, v in bound.arguments.items()}
+                except (TypeError, AttributeError):
+                    key = {"args": f"{len(args)} positional"}
+                _record(getattr(self.func, "__qualname__", repr(self.func)), key)
+            return original(self, args, kwargs, execute=execute, return_compiled=return_compiled)
+
+        jit_function.JitFunction._compile_or_execute = watched
+        _installed = True
+
+
+def in_warm_up() -> bool:
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def warming():
+    """Compiles inside this block are part of a warm-up; leaving it arms the report."""
+    global _armed
+    install()
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+        if _state.depth == 0:
+            _armed = True
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the compile events of a block: `with recording() as events: ...`."""
+    install()
+    with _lock:
+        start = len(_events)
+    collected: list[CompileEvent] = []
+    try:
+        yield collected
+    finally:
+        with _lock:
+            collected.extend(_events[start:])
+
+
+def serving_compiles(events) -> list[CompileEvent]:
+    return [e for e in events if not e.during_warm_up]

@@ -1,0 +1,106 @@
+"""Host code shared by the RMSNorm family packages (one package per hidden size).
+
+Each package's kernel.py holds its FlyDSL kernels and `VARIANTS["<op>.<tier>"] = (launcher, example_args)`;
+this module checks arguments, allocates outputs, picks the tier by token count and registers the four
+entries as torch custom ops torch.ops.amd_kernels.<shape token>_<entry>.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from amd_kernels import host, warm_up
+
+DECODE_MAX_TOKENS = 512  # the largest CUDA-graph capture size: decode batches use the decode tier
+OPS = ("rmsnorm", "fused_add_rmsnorm", "rmsnorm_mxfp8", "fused_add_rmsnorm_mxfp8")
+TIERS = ("decode", "prefill")
+
+
+def tier(tokens: int) -> str:
+    return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+
+
+def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) -> SimpleNamespace:
+    """The package's VARIANTS table and its four entries. `package` must export the returned VARIANTS."""
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+
+    def modes(op: str) -> dict:
+        return {t: [f"{op}.{t}"] for t in TIERS}
+
+    def mode_of(x, *args, **kwargs) -> str:
+        return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
+
+    def check(x, weight, residual=None) -> int:
+        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
+        tokens = x.shape[0]
+        if residual is not None:
+            host.check_tensor("residual", residual, dtype=torch.bfloat16, shape=(tokens, hidden), like=x)
+        host.check_tensor("weight", weight, dtype=torch.bfloat16, shape=(hidden,), like=x)
+        return tokens
+
+    def mx_outputs(x):
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        scales = torch.empty((x.shape[0], hidden // 32), dtype=torch.uint8, device=x.device)
+        return q, scales
+
+    @warm_up.entry(table, modes("rmsnorm"), mode_of)
+    def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        tokens = check(x, weight)
+        out = torch.empty_like(x)
+        if tokens:
+            table[f"rmsnorm.{tier(tokens)}"](x, weight, out, tokens, eps)
+        return out
+
+    @warm_up.entry(table, modes("fused_add_rmsnorm"), mode_of)
+    def fused_add_rmsnorm(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = check(x, weight, residual)
+        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        if tokens:
+            table[f"fused_add_rmsnorm.{tier(tokens)}"](x, residual, weight, out, residual_out, tokens, eps)
+        return out, residual_out
+
+    @warm_up.entry(table, modes("rmsnorm_mxfp8"), mode_of)
+    def rmsnorm_mxfp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = check(x, weight)
+        q, scales = mx_outputs(x)
+        if tokens:
+            table[f"rmsnorm_mxfp8.{tier(tokens)}"](x, weight, q, scales, tokens, eps)
+        return q, scales
+
+    @warm_up.entry(table, modes("fused_add_rmsnorm_mxfp8"), mode_of)
+    def fused_add_rmsnorm_mxfp8(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens = check(x, weight, residual)
+        q, scales = mx_outputs(x)
+        residual_out = torch.empty_like(x)
+        if tokens:
+            table[f"fused_add_rmsnorm_mxfp8.{tier(tokens)}"](x, residual, weight, q, scales, residual_out, tokens, eps)
+        return q, scales, residual_out
+
+    def fake_rmsnorm(x, weight, eps):
+        return torch.empty_like(x)
+
+    def fake_fused_add(x, residual, weight, eps):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    def fake_mx(x, weight, eps):
+        return mx_outputs(x)
+
+    def fake_fused_add_mx(x, residual, weight, eps):
+        return (*mx_outputs(x), torch.empty_like(x))
+
+    ns = f"amd_kernels::{shape_token}_"
+    return SimpleNamespace(
+        VARIANTS=table,
+        rmsnorm=host.custom_op(ns + "rmsnorm", rmsnorm, fake_rmsnorm),
+        fused_add_rmsnorm=host.custom_op(ns + "fused_add_rmsnorm", fused_add_rmsnorm, fake_fused_add),
+        rmsnorm_mxfp8=host.custom_op(ns + "rmsnorm_mxfp8", rmsnorm_mxfp8, fake_mx),
+        fused_add_rmsnorm_mxfp8=host.custom_op(
+            ns + "fused_add_rmsnorm_mxfp8", fused_add_rmsnorm_mxfp8, fake_fused_add_mx
+        ),
+    )

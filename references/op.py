@@ -1,0 +1,33 @@
+"""What the harness needs to know of an op, and the cosine it checks with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    reference: Callable  # (**inputs) -> tuple of output tensors
+    build_inputs: Callable  # (tokens, dims: dict, seed) -> dict of named inputs (row-major, token rows first)
+    to_float: Callable  # (outputs tuple) -> tuple of fp32 tensors [tokens, ...], one per compared result
+    result_names: tuple[str, ...]  # a name per to_float result, for reports
+    cosine_min: float  # each result's cosine against the reference must reach this
+    row_inputs: tuple[str, ...]  # inputs whose first dim is the token dim (graph padding rows live there)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine similarity of two tensors flattened, in float64; 1.0 when both are all zero."""
+    a = a.detach().reshape(-1).to(torch.float64)
+    b = b.detach().reshape(-1).to(torch.float64)
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return float("nan")
+    na, nb = a.norm(), b.norm()
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float((a @ b) / (na * nb))
