@@ -13,11 +13,10 @@ All of that runs inside compile_watch.warming(), so only compiles outside a warm
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import importlib
-import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -92,35 +91,58 @@ class VariantTable:
             return {"variants": len(keys), "compiled": len(misses), "seconds": time.perf_counter() - start}
 
 
-def _progress(items, desc: str):
+def _progress(items, desc: str, total: int | None = None):
+    """A tqdm bar over `items` on a terminal; `items` itself (or None with items=None) otherwise."""
     try:
         from tqdm import tqdm
     except ImportError:  # tqdm is optional at run time
         return items
-    return tqdm(items, desc=desc, unit="variant", leave=False, disable=not sys.stderr.isatty())
-
-
-def _worker_compile(module: str, key: str) -> tuple[str, float]:
-    start = time.perf_counter()
-    table = importlib.import_module(module).VARIANTS
-    table._compile(key)
-    return key, time.perf_counter() - start
+    return tqdm(items, desc=desc, total=total, unit="variant", leave=False, disable=not sys.stderr.isatty())
 
 
 def _compile_in_workers(module: str, keys: list[str], label: str) -> None:
+    """Compile `keys` in fresh interpreters (never fork/spawn of the caller: its __main__ may be unguarded)."""
     workers = int(os.environ.get(WORKERS_ENV, "0")) or min(len(keys), os.cpu_count() or 1)
-    if workers <= 1:
+    if workers <= 1:  # one miss: compiling here beats starting an interpreter (~3.5 s for torch + FlyDSL)
         for key in _progress(keys, f"{label}: compiling"):
-            _worker_compile(module, key)
+            importlib.import_module(module).VARIANTS._compile(key)
         return
-    context = multiprocessing.get_context("spawn")  # no fork: MLIR and HIP state must not be shared
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(_worker_compile, module, key) for key in keys]
-        bar = _progress(concurrent.futures.as_completed(futures), f"{label}: compiling")
-        if hasattr(bar, "total"):
-            bar.total = len(futures)
-        for future in bar:
-            future.result()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    script = "import sys; from amd_kernels.warm_up import _worker_main; _worker_main(sys.argv[1], sys.argv[2:])"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, module, *keys[i::workers]], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(workers)
+    ]
+    bar = _progress(None, f"{label}: compiling", total=len(keys))
+    errors = []
+
+    def drain(proc):
+        for line in proc.stdout:
+            if line.startswith("compiled ") and bar is not None:
+                bar.update(1)
+        errors.append((proc, proc.stderr.read()))
+
+    readers = [threading.Thread(target=drain, args=(p,)) for p in procs]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    for proc in procs:
+        proc.wait()
+    if bar is not None:
+        bar.close()
+    failed = [err for proc, err in errors if proc.returncode]
+    if failed:
+        raise RuntimeError(f"{label}: a compile worker failed:\n{failed[0][-4000:]}")
+
+
+def _worker_main(module: str, keys: list[str]) -> None:
+    table = importlib.import_module(module).VARIANTS
+    for key in keys:
+        start = time.perf_counter()
+        table._compile(key)
+        print(f"compiled {key} {time.perf_counter() - start:.2f}", flush=True)
 
 
 def entry(table: VariantTable, modes: dict[str, list[str]], mode_of: Callable[..., str]):
@@ -137,11 +159,13 @@ def entry(table: VariantTable, modes: dict[str, list[str]], mode_of: Callable[..
         warmed: set[str] = set()
 
         def warm_up(mode: str | None = None) -> dict:
-            report = {}
-            for name in modes if mode is None else [mode]:
-                if name not in warmed:
-                    report[name] = table.warm(modes[name], f"{fn.__name__} [{name}]")
-                    warmed.add(name)
+            """Warm `mode` (None: every mode, in one batch so the workers compile them side by side)."""
+            names = [n for n in (modes if mode is None else [mode]) if n not in warmed]
+            if not names:
+                return {}
+            keys = list(dict.fromkeys(k for n in names for k in modes[n]))
+            report = table.warm(keys, f"{fn.__name__} [{', '.join(names)}]")
+            warmed.update(names)
             return report
 
         @functools.wraps(fn)

@@ -138,16 +138,18 @@ _LUT64 = {f: _build_lut(f) for f in ("fp8_e4m3", "bf8_e5m2", "fp6_e2m3", "bf6_e3
 def decode64(fmt: str, codes) -> np.ndarray:
     """Codes -> exact float64 values (NaN for NaN codes)."""
     codes = np.asarray(codes).astype(np.uint32)
-    if fmt == "bf16":
-        return ((codes & 0xFFFF) << 16).view(np.float32).astype(np.float64)
-    if fmt == "f16":
-        return (codes & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling-NaN patterns are data, not errors
+        if fmt == "bf16":
+            return ((codes & 0xFFFF) << 16).view(np.float32).astype(np.float64)
+        if fmt == "f16":
+            return (codes & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
     return _LUT64[fmt][codes & np.uint32((1 << WIDTH[fmt]) - 1)]
 
 
 def decode(fmt: str, codes) -> np.ndarray:
     """Codes (unsigned ints) -> float32. Exact for every format here (all fit in float32)."""
-    return decode64(fmt, codes).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return decode64(fmt, codes).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------- encode
@@ -221,7 +223,8 @@ def encode(fmt: str, values, *, saturate: bool) -> np.ndarray:
             over = np.isfinite(v) & ((out & 0x7FFF) == 0x7F80)
             out = np.where(over, (out & 0x8000) | 0x7F7F, out)
         return out.astype(np.uint32)
-    return encode64(fmt, v.astype(np.float64), saturate=saturate)
+    with np.errstate(invalid="ignore"):
+        return encode64(fmt, v.astype(np.float64), saturate=saturate)
 
 
 def _encode_e8m0(x: np.ndarray, saturate: bool) -> np.ndarray:

@@ -46,7 +46,7 @@ def row_resource(t, row, row_elems: int, elem_bytes: int):
     The descriptor is bounded to the row (`row_elems * elem_bytes` bytes), so lane offsets past the row's end
     are out of range: loads give 0, stores are dropped.
     """
-    row_ptr = fx.add_offset(fx.get_iter(t), row * row_elems)
+    row_ptr = fx.add_offset(fx.get_iter(t), fx.Int64(row) * row_elems)  # 64-bit: no overflow for huge M
     nbytes = fx.Int64(row_elems * elem_bytes)
     return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(row_ptr, num_records_bytes=nbytes))
 

@@ -3,9 +3,10 @@
 Each package's kernel.py holds its FlyDSL kernels and `VARIANTS["<op>.<tier>"] = (launcher, example_args)`;
 this module checks arguments, allocates outputs, picks the tier by token count and registers the four
 entries as torch custom ops torch.ops.amd_kernels.<shape token>_<entry>.
+
+(No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
 
-from __future__ import annotations
 
 from types import SimpleNamespace
 

@@ -1,0 +1,268 @@
+"""gfx950 (CDNA4, wave64) matrix fused-multiply-add: operand layouts and arithmetic.
+
+D = C + A (MxK) @ B (KxN), each operand spread over 64 lanes x some registers. Every layout lives in the
+small functions `_ab_layout` and `_cd_layout` below, so a wrong one is fixed in one place.
+
+Arithmetic (all forms): operands are decoded exactly to float64, every product A*B is exact in float64, the
+K products (times the block scales) are summed in float64 (np.matmul order), C is added in float64 and the
+result is rounded once to float32 (RNE). The hardware's internal accumulation width/order is not bit-specified
+in public documents, so results can differ from silicon in the last bit(s) of large-K sums: compare with an
+fp32 tolerance, not bit-exactly. Integer forms (i8) are exact: int64 sum, + C, wrapped to int32.
+
+Layout evidence (lane l, element e of the lane, registers packed low bits first):
+  * Non-f8f6f4 forms (bf16/f16/fp8/bf8/i8/f32): with G = 64 / M lane groups and kpl = K / G values per lane,
+      A: lane l holds A[l % M][kpl*(l // M) + e];  B: lane l holds B[kpl*(l // N) + e][l % N].
+    Source: AMD Matrix Instruction Calculator (ROCm/amd_matrix_instruction_calculator, CDNA3 tables for
+    v_mfma_f32_16x16x16_bf16, 32x32x8_bf16, 16x16x32_fp8_fp8, 32x32x16_fp8_fp8, 16x16x32_i8, 16x16x4_f32),
+    and the ROCm CDNA3/CDNA4 matrix-core blog (32x32x16 fp8: A + (l/32)*8 + (l%32)*16). The gfx950-only
+    double-K forms (16x16x32 / 32x32x16 bf16 & f16, 16x16x64 / 32x32x32 i8) are given the same rule
+    (8 resp. 16 contiguous K per lane) - GFX950.md's reading of the ROCm blog; UNSURE until FlyDSL's
+    hardware-checked bf16 GEMM / flash attention run here.
+  * f8f6f4 forms (v_mfma[_scale]_f32_16x16x128_f8f6f4, _32x32x64_f8f6f4), per operand format:
+      FP8/BF8 (8 regs, 32 bytes): e = 16h + j -> k = (K/2)*h + 16*(l // M) + j   (two K halves)
+      FP6/BF6 (6 regs), FP4 (4 regs): 32 values -> k = 32*(l // M) + e  (contiguous; 6- or 4-bit fields
+      packed from bit 0 of the first register, an FP6 value may straddle two registers).
+    FP8 and FP4 for 32x32x64: ROCm CDNA4 matrix-core blog (HIP examples 5.4 / 5.5:
+    a_reg[i*16+j] = A[l%32][16*(l/32) + 32*i + j]; FP4: 32 contiguous nibbles from (l%32)*32 + (l/32)*16 bytes).
+    16x16x128 FP4 also matches GFX950.md. 16x16x128 FP8 two-halves rule: by analogy with the 32x32x64
+    blog example and GFX950.md's "probably" - UNSURE. FP6 contiguous: by analogy with FP4 (FP6 and FP4 run
+    at the same rate, FP8 at half, i.e. FP8 is two K passes) - UNSURE.
+  * C/D (f32 or i32):
+      16x16: register r, lane l -> D[4*(l // 16) + r][l % 16]
+      32x32: register r, lane l -> D[8*(r // 4) + 4*(l // 32) + r % 4][l % 32]
+    Source: the AMD calculator's CDNA3 32x32 D tables and the CDNA4 blog's 32x32x64 store loop
+    (C[l%32 + (l/32)*4*32 + 32*j + i*32*8] = c_reg[4i + j]) agree; GFX950.md's "UNSURE" 32x32 mapping is
+    taken as settled by these two AMD sources.
+  * Scales (v_mfma_scale_*): scale_a / scale_b hold 4 E8M0 bytes per lane; A uses byte
+    op_sel[0] + 2*op_sel_hi[0], B byte op_sel[1] + 2*op_sel_hi[1] (GFX950.md, checked on LLVM 22). Lane l's
+    byte scales row (A) / column (B) l % M of K-block l // M (32 K values per block): 4 blocks for
+    16x16x128, 2 for 32x32x64 (CDNA4 blog: "each thread stores 1 entry of Ax (32x2)"). E8M0 255 = NaN
+    (-> NaN products). The scales multiply each 32-wide block sum (exact power-of-two scaling here).
+  * cbsz/abid/blgp on non-f8f6f4 forms are broadcast/lane-group controls that FlyDSL kernels do not use:
+    nonzero values raise NotImplementedError (never a silent wrong result); so does neg (LLVM 22 rejects it
+    on gfx950 MFMA).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from . import numerics
+
+# f8f6f4 format codes (cbsz for A, blgp for B)
+F8F6F4_FORMATS = {0: "fp8_e4m3", 1: "bf8_e5m2", 2: "fp6_e2m3", 3: "bf6_e3m2", 4: "fp4_e2m1"}
+_BITS = {"bf16": 16, "f16": 16, "f32": 32, "i8": 8, **{f: numerics.WIDTH[f] for f in F8F6F4_FORMATS.values()}}
+_NAME_FMT = {"bf16": "bf16", "f16": "f16", "f32": "f32", "i8": "i8", "fp8": "fp8_e4m3", "bf8": "bf8_e5m2"}
+
+
+@dataclass(frozen=True)
+class Form:
+    mnemonic: str
+    M: int
+    N: int
+    K: int
+    a_fmt: str | None       # None: chosen by cbsz (f8f6f4)
+    b_fmt: str | None       # None: chosen by blgp
+    out: str                # "f32" or "i32"
+    f8f6f4: bool = False
+    scaled: bool = False
+
+
+def _parse(mnemonic: str) -> Form:
+    m = re.fullmatch(r"v_mfma_(scale_)?(f32|i32)_(\d+)x(\d+)x(\d+)_?(\w+)", mnemonic)
+    if not m:
+        raise NotImplementedError(f"MFMA {mnemonic} is not modelled")
+    scaled, out, M, N, K, ty = m.group(1) is not None, m.group(2), *map(int, m.group(3, 4, 5)), m.group(6)
+    if ty == "f8f6f4":
+        return Form(mnemonic, M, N, K, None, None, out, True, scaled)
+    parts = ty.split("_")
+    fa, fb = (parts * 2)[:2] if len(parts) == 1 else parts
+    if fa not in _NAME_FMT or fb not in _NAME_FMT or scaled:
+        raise NotImplementedError(f"MFMA {mnemonic} is not modelled")
+    return Form(mnemonic, M, N, K, _NAME_FMT[fa], _NAME_FMT[fb], out)
+
+
+FORMS = {f.mnemonic: f for f in map(_parse, [
+    "v_mfma_f32_16x16x32_bf16", "v_mfma_f32_32x32x16_bf16", "v_mfma_f32_16x16x32_f16", "v_mfma_f32_32x32x16_f16",
+    "v_mfma_f32_16x16x16_bf16", "v_mfma_f32_16x16x16_f16", "v_mfma_f32_32x32x8_bf16", "v_mfma_f32_32x32x8_f16",
+    "v_mfma_f32_16x16x4_f32", "v_mfma_f32_32x32x2_f32",
+    "v_mfma_i32_16x16x64_i8", "v_mfma_i32_32x32x32_i8", "v_mfma_i32_16x16x32_i8", "v_mfma_i32_32x32x16_i8",
+    *[f"v_mfma_f32_{s}_{a}_{b}" for s in ("16x16x32", "32x32x16") for a in ("fp8", "bf8") for b in ("fp8", "bf8")],
+    "v_mfma_f32_16x16x128_f8f6f4", "v_mfma_f32_32x32x64_f8f6f4",
+    "v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4",
+])}
+MFMA_MNEMONICS = frozenset(FORMS)
+
+
+def _form(mnemonic: str) -> Form:
+    f = FORMS.get(mnemonic)
+    if f is None:
+        raise NotImplementedError(f"MFMA {mnemonic} is not modelled")
+    return f
+
+
+def operand_formats(mnemonic: str, mods: dict) -> tuple[str, str]:
+    f = _form(mnemonic)
+    if not f.f8f6f4:
+        return f.a_fmt, f.b_fmt
+    try:
+        return F8F6F4_FORMATS[int(mods.get("cbsz", 0))], F8F6F4_FORMATS[int(mods.get("blgp", 0))]
+    except KeyError:
+        raise NotImplementedError(f"{mnemonic}: cbsz/blgp {mods.get('cbsz')}/{mods.get('blgp')} is not a format")
+
+
+# --------------------------------------------------------------------------------------------- layouts
+
+@lru_cache(maxsize=None)
+def _ab_layout(mnemonic: str, fmt: str, which: str):
+    """(nregs, width, outer, k): element e of lane l sits at bits [width*e, +width) of the lane's register
+    tuple and is A[outer[l, e]][k[l, e]] (which="a") or B[k[l, e]][outer[l, e]] (which="b")."""
+    f = _form(mnemonic)
+    MN = f.M if which == "a" else f.N
+    width = _BITS[fmt]
+    lane = np.arange(64)[:, None]
+    group = lane // MN                                  # lane group: 64 / MN groups
+    if f.f8f6f4:
+        e = np.arange(32)[None, :]
+        if width == 8:                                  # FP8/BF8: two K halves of 16 bytes
+            k = (f.K // 2) * (e // 16) + 16 * group + e % 16
+        else:                                           # FP6/FP4: 32 contiguous K values
+            k = 32 * group + e
+    else:
+        kpl = f.K // (64 // MN)
+        e = np.arange(kpl)[None, :]
+        k = kpl * group + e
+    outer = np.broadcast_to(lane % MN, k.shape)
+    nregs = k.shape[1] * width // 32
+    return nregs, width, np.ascontiguousarray(outer), np.ascontiguousarray(k)
+
+
+@lru_cache(maxsize=None)
+def _cd_layout(M: int):
+    """(row, col), each (nregs, 64): register r of lane l holds D[row[r, l]][col[r, l]]."""
+    lane = np.arange(64)[None, :]
+    if M == 16:
+        r = np.arange(4)[:, None]
+        return 4 * (lane // 16) + r + 0 * lane, np.broadcast_to(lane % 16, (4, 64)).copy()
+    r = np.arange(16)[:, None]
+    return 8 * (r // 4) + 4 * (lane // 32) + r % 4, np.broadcast_to(lane % 32, (16, 64)).copy()
+
+
+def operand_regs(mnemonic: str, mods: dict) -> tuple[int, int, int]:
+    """Register counts (a_regs, b_regs, c_regs) of one lane."""
+    f = _form(mnemonic)
+    fa, fb = operand_formats(mnemonic, mods)
+    return _ab_layout(mnemonic, fa, "a")[0], _ab_layout(mnemonic, fb, "b")[0], f.M * f.N // 64
+
+
+# --------------------------------------------------------------------------------------------- pack/unpack
+
+def _decode(fmt: str, codes: np.ndarray) -> np.ndarray:
+    if fmt == "i8":
+        return codes.astype(np.uint8).view(np.int8).astype(np.int64)
+    if fmt == "f32":
+        return codes.astype(np.uint32).view(np.float32).astype(np.float64)
+    return numerics.decode64(fmt, codes)
+
+
+def unpack_ab(mnemonic: str, which: str, regs: np.ndarray, mods: dict) -> np.ndarray:
+    """Registers (nregs, 64) -> element codes as a matrix: A (M, K) or B (K, N), uint32."""
+    f = _form(mnemonic)
+    fmt = operand_formats(mnemonic, mods)[0 if which == "a" else 1]
+    nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
+    regs = np.asarray(regs, dtype=np.uint32)
+    if regs.shape[0] < nregs:
+        raise ValueError(f"{mnemonic}: operand {which} needs {nregs} registers, got {regs.shape[0]}")
+    codes = numerics._unpack_bits(regs[:nregs], width, k.shape[1])          # (64, E)
+    mat = np.zeros((f.M, f.K) if which == "a" else (f.K, f.N), dtype=np.uint32)
+    if which == "a":
+        mat[outer, k] = codes
+    else:
+        mat[k, outer] = codes
+    return mat
+
+
+def pack_ab(mnemonic: str, which: str, mat_codes: np.ndarray, mods: dict) -> np.ndarray:
+    """Element codes A (M, K) / B (K, N) -> registers (nregs, 64) (inverse of unpack_ab; for tests/tools)."""
+    fmt = operand_formats(mnemonic, mods)[0 if which == "a" else 1]
+    nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
+    mat = np.asarray(mat_codes).astype(np.uint32)
+    codes = mat[outer, k] if which == "a" else mat[k, outer]
+    return numerics._pack_bits(codes & np.uint32((1 << width) - 1), width, nregs)
+
+
+def unpack_cd(mnemonic: str, regs: np.ndarray) -> np.ndarray:
+    """Registers (c_regs, 64) -> raw 32-bit matrix (M, N)."""
+    f = _form(mnemonic)
+    row, col = _cd_layout(f.M)
+    mat = np.zeros((f.M, f.N), dtype=np.uint32)
+    mat[row, col] = np.asarray(regs, dtype=np.uint32)[: row.shape[0]]
+    return mat
+
+
+def pack_cd(mnemonic: str, mat_bits: np.ndarray) -> np.ndarray:
+    """Raw 32-bit matrix (M, N) -> registers (c_regs, 64)."""
+    f = _form(mnemonic)
+    row, col = _cd_layout(f.M)
+    return np.asarray(mat_bits, dtype=np.uint32)[row, col]
+
+
+# --------------------------------------------------------------------------------------------- execute
+
+def _check_mods(f: Form, mods: dict) -> None:
+    if any(int(x) for x in (mods.get("neg") or [])):
+        raise NotImplementedError(f"{f.mnemonic}: neg is not modelled (LLVM 22 rejects it on gfx950 MFMA)")
+    if int(mods.get("abid", 0)):
+        raise NotImplementedError(f"{f.mnemonic}: abid broadcast is not modelled")
+    if not f.f8f6f4 and (int(mods.get("cbsz", 0)) or int(mods.get("blgp", 0))):
+        raise NotImplementedError(f"{f.mnemonic}: cbsz/blgp broadcast is not modelled")
+    if not f.scaled and (any(int(x) for x in (mods.get("op_sel") or []))
+                         or any(int(x) for x in (mods.get("op_sel_hi") or []))):
+        raise NotImplementedError(f"{f.mnemonic}: op_sel/op_sel_hi are not modelled on unscaled MFMA")
+
+
+def scale_bytes(mods: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The E8M0 byte each lane contributes for A and for B (uint32 (64,) each)."""
+    ops = [int(x) for x in (mods.get("op_sel") or [])] + [0, 0]
+    hi = [int(x) for x in (mods.get("op_sel_hi") or [])] + [0, 0]
+    sel_a, sel_b = ops[0] + 2 * hi[0], ops[1] + 2 * hi[1]
+    sa = (np.asarray(mods["scale_a"], dtype=np.uint32) >> np.uint32(8 * sel_a)) & 0xFF
+    sb = (np.asarray(mods["scale_b"], dtype=np.uint32) >> np.uint32(8 * sel_b)) & 0xFF
+    return sa, sb
+
+
+def _scale_matrices(f: Form, mods: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per-element scales: SA (M, K) and SB (K, N) as float64 powers of two (NaN for E8M0 255)."""
+    sa, sb = scale_bytes(mods)
+    lane = np.arange(64)
+    nblk = 64 // f.M
+    ga = np.zeros((f.M, nblk))
+    ga[lane % f.M, lane // f.M] = numerics.decode64("e8m0", sa)
+    gb = np.zeros((f.N, nblk))
+    gb[lane % f.N, lane // f.N] = numerics.decode64("e8m0", sb)
+    kblk = np.arange(f.K) // 32
+    return ga[:, kblk], gb[:, kblk].T
+
+
+def execute(mnemonic: str, a, b, c, mods: dict) -> np.ndarray:
+    """One MFMA for the whole wave: a (a_regs, 64), b (b_regs, 64), c (c_regs, 64) uint32 -> D (c_regs, 64).
+    For v_mfma_scale_* mods must hold scale_a / scale_b (uint32 (64,): the scale VGPR of each lane)."""
+    f = _form(mnemonic)
+    _check_mods(f, mods)
+    fa, fb = operand_formats(mnemonic, mods)
+    A = _decode(fa, unpack_ab(mnemonic, "a", a, mods))
+    B = _decode(fb, unpack_ab(mnemonic, "b", b, mods))
+    C = unpack_cd(mnemonic, c)
+    if f.out == "i32":
+        D = A @ B + C.view(np.int32).astype(np.int64)
+        return pack_cd(mnemonic, D.astype(np.int64).astype(np.uint32))
+    with np.errstate(invalid="ignore", over="ignore"):
+        if f.scaled:
+            SA, SB = _scale_matrices(f, mods)
+            A, B = A * SA, B * SB
+        D = A @ B + C.view(np.float32).astype(np.float64)
+        return pack_cd(mnemonic, D.astype(np.float32).view(np.uint32))
