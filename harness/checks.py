@@ -119,8 +119,9 @@ def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int,
     dev = devices.current().torch_device
     sample = devices.current().emulated and package.workgroups == "rows"
     clean = op.build_inputs(tokens, dims, seed)
-    garbage_in = to_device(fill_padding(clean, op.row_inputs, real, garbage=True), dev)
-    zero_in = to_device(fill_padding(clean, op.row_inputs, real, garbage=False), dev)
+    entry_name = package.entry_for_op(op_name)
+    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
+    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
 
     first, records = _run(entry, garbage_in, order_seed=None, sample=sample)
     second, _ = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=sample)

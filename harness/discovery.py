@@ -1,6 +1,7 @@
 """Find kernel packages by their plain-data declaration, kernels/<category>/<shape token>/kernel.toml.
 
-The declaration names the package's entries and the reference op each implements, and how its
+The declaration names the package's entries, the reference op each implements (and, when the entry takes
+prepared weights, the package function that prepares them from the reference's inputs), and how its
 workgroups split the output (so the emulator may run a sample of them on large shapes). Discovery
 reads only the TOML; the package is imported when a case needs its entries.
 """
@@ -22,12 +23,20 @@ class KernelPackage:
     path: str  # "<category>/<shape token>"
     module: str  # "amd_kernels.<category>.<shape token>"
     entries: dict  # entry name -> reference op name
+    prepare: dict  # entry name -> name of the package function mapping reference inputs to entry inputs
     workgroups: str  # "rows": workgroup x computes a contiguous block of token rows; "" = no sampling
     readme: Path
 
     def import_entries(self) -> dict:
         mod = importlib.import_module(self.module)
         return {name: getattr(mod, name) for name in self.entries}
+
+    def entry_inputs(self, entry: str, inputs: dict) -> dict:
+        """Reference inputs -> the entry's (e.g. checkpoint weights -> prepared, preshuffled weights)."""
+        name = self.prepare.get(entry)
+        if not name:
+            return inputs
+        return getattr(importlib.import_module(self.module), name)(inputs)
 
     def entry_for_op(self, op: str) -> str:
         names = [n for n, o in self.entries.items() if o == op]
@@ -47,6 +56,7 @@ def discover() -> dict[str, KernelPackage]:
             path=rel,
             module="amd_kernels." + rel.replace("/", "."),
             entries={name: spec["op"] for name, spec in data["entries"].items()},
+            prepare={name: spec["prepare"] for name, spec in data["entries"].items() if "prepare" in spec},
             workgroups=data.get("workgroups", ""),
             readme=decl.parent / "README.md",
         )

@@ -24,6 +24,13 @@ def _entry(shape: cases.OpShape):
     return pkg, pkg.import_entries()[pkg.entry_for_op(shape.op)]
 
 
+def _inputs(shape: cases.OpShape, tokens: int, seed: int) -> dict:
+    """The entry's inputs at `tokens` rows, on the executing device."""
+    pkg = PACKAGES[shape.kernel]
+    inputs = OPS[shape.op].build_inputs(tokens, shape.dims, seed)
+    return checks.to_device(pkg.entry_inputs(pkg.entry_for_op(shape.op), inputs), devices.current().torch_device)
+
+
 def test_regimes_and_declarations_agree():
     assert cases.validate() == []
 
@@ -65,12 +72,9 @@ def test_no_compile_after_warm_up(shape):
     """Warm every mode, then call every token count of the regimes: nothing may compile."""
     _, entry = _entry(shape)
     entry.warm_up()
-    op = OPS[shape.op]
-    dev = devices.current().torch_device
     with compile_watch.recording() as events, checks.no_execution():
         for count in shape.token_counts:
-            inputs = checks.to_device(op.build_inputs(count.tokens, shape.dims, 0), dev)
-            entry(**inputs)
+            entry(**_inputs(shape, count.tokens, 0))
     assert compile_watch.serving_compiles(events) == []
 
 
@@ -79,8 +83,7 @@ def test_opcheck(shape):
     """The entry is a well-formed torch custom op (schema, fake tensor, dispatch)."""
     _, entry = _entry(shape)
     entry.warm_up()
-    inputs = checks.to_device(OPS[shape.op].build_inputs(2, shape.dims, 1), devices.current().torch_device)
-    torch.library.opcheck(entry, kwargs=inputs)
+    torch.library.opcheck(entry, kwargs=_inputs(shape, 2, 1))
 
 
 def _bad_variants(inputs: dict):
@@ -100,8 +103,7 @@ def _bad_variants(inputs: dict):
 @pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
 def test_bad_input_names_the_argument(shape):
     _, entry = _entry(shape)
-    inputs = checks.to_device(OPS[shape.op].build_inputs(2, shape.dims, 2), devices.current().torch_device)
-    for name, what, broken in _bad_variants(inputs):
+    for name, what, broken in _bad_variants(_inputs(shape, 2, 2)):
         with pytest.raises((TypeError, ValueError)) as err:
             entry(**broken)
         assert name in str(err.value), f"{what} error for {name} does not name it: {err.value}"

@@ -255,7 +255,7 @@ def bits_f32(u) -> np.ndarray:
 
 
 def scale_exponent(scale_bits: np.ndarray) -> np.ndarray:
-    """E8M0 exponent (unbiased, int64) from an f32 scale operand; NaN scales give a marker handled by callers."""
+    """Biased E8M0 exponent field (int64) of an f32 scale operand: the scale is 2^(field-127), 255 = NaN."""
     return ((np.asarray(scale_bits, dtype=np.uint32) >> 23) & 0xFF).astype(np.int64)
 
 
@@ -309,8 +309,7 @@ def _up(vals64: np.ndarray, out: str, clamp: bool) -> np.ndarray:
         with np.errstate(over="ignore"):
             return vals64.astype(np.float32).view(np.uint32)
     if out == "f16":
-        code = encode64("f16", vals64, saturate=False)
-        return code
+        return encode64("f16", vals64, saturate=False)
     return encode64("bf16", vals64, saturate=False)
 
 

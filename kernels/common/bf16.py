@@ -23,3 +23,15 @@ def unpack(v_i32x4):
 def pack(v_f32x8):
     """Vector 8 x f32 -> Vector 4 x i32 holding the 8 values rounded to bf16 (RNE)."""
     return v_f32x8.to(fx.BFloat16).bitcast(fx.Int32)
+
+
+def opaque(v_i32x4):
+    """The same 4 x i32, hidden from the optimizer by an empty inline asm (no instruction is emitted).
+
+    Unpacking a register-resident row in two passes would otherwise be CSE'd into one unpack kept alive
+    across the reduction: 8 VGPRs per 16-byte vector instead of 4. Re-unpacking costs 2 VALU ops per dword.
+    """
+    from flydsl._mlir.dialects import llvm
+
+    raw = fx.as_ir_value(v_i32x4)
+    return fx.Vector(llvm.inline_asm(raw.type, [raw], "", "=v,0", has_side_effects=False))

@@ -17,7 +17,6 @@ Offsets here are in bytes, as i32.
 from __future__ import annotations
 
 import flydsl.expr as fx
-from flydsl._mlir import ir
 from flydsl.expr import rocdl
 from flydsl.expr.typing import T
 
@@ -77,11 +76,6 @@ def store_byte(value_i32, rsrc, byte_offset):
 def never_in_range():
     """A byte offset beyond any descriptor this module builds (rows are far below 2 GiB)."""
     return fx.Int32(0x7FFFFFF0)
-
-
-def wave_uniform(v):
-    """`v_readfirstlane`: tell the compiler a per-lane value is the same in every lane (keeps it in an SGPR)."""
-    return fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), _ir(v)))
 
 
 def keep_issued_above():

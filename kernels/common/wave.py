@@ -63,10 +63,14 @@ def quad_max_i32(v):
     return v
 
 
+def uniform_i32(v):
+    """`v_readfirstlane_b32`: assert an i32 is equal in all lanes so the compiler keeps it in an SGPR."""
+    return fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), fx.as_ir_value(v)))
+
+
 def lane_and_wave(tid, waves_per_block: int):
     """(lane, wave) of thread `tid`; the wave index is made wave-uniform (SGPR) with `readfirstlane`."""
     lane = tid % WAVE
     if waves_per_block == 1:
         return lane, fx.Int32(0)
-    wave = fx.Int32(rocdl.readfirstlane(ir.IntegerType.get_signless(32), fx.as_ir_value(tid // WAVE)))
-    return lane, wave
+    return lane, uniform_i32(tid // WAVE)

@@ -24,8 +24,10 @@ Design:
   every descriptor is bounded to its own row (base = row start, num_records = row bytes), so the 24 idle lanes
   of slot 5 read zeros (adding nothing to the sum of squares) and their stores are dropped by the hardware.
 - x (and residual) are read exactly once: the row stays in VGPRs as packed bf16 (24 VGPRs for x) between the
-  sum-of-squares pass and the normalize pass. The weight (L2-resident, shared by all rows) is loaded right
-  after x so its latency overlaps the reduction.
+  sum-of-squares pass and the normalize pass (the second pass re-unpacks it, `bf16.opaque`, rather than
+  keeping 48 VGPRs of fp32 alive). The weight (L2-resident, shared by all rows) is loaded right after x so
+  its latency overlaps the reduction. About 64 VGPRs (8 waves per SIMD) for rmsnorm / rmsnorm_mxfp8, about
+  88 (5 waves per SIMD) for the fused ops, which also hold the residual row in flight.
 - The row sum is a DPP reduction inside the wave (quad perms, row mirrors, row broadcasts, one readlane):
   no LDS, no barrier, no atomics, no scratch.
 - MXFP8: a 32-element block is 4 consecutive lanes x 8 elements = one DPP quad, so the block amax is a
@@ -96,7 +98,7 @@ def _rstd(r, eps):
 def _store_bf16(lane, row, r, ws, rstd, out_t):
     out = buffer.row_resource(out_t, row, H, ELEM_BYTES)
     for j in range_constexpr(SLOTS):
-        y = (bf16.unpack(r[j]) * rstd) * bf16.unpack(ws[j])
+        y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
         buffer.store(bf16.pack(y), out, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
 
 
@@ -105,7 +107,7 @@ def _store_mxfp8(lane, row, r, ws, rstd, q_t, s_t):
     s_rsrc = buffer.row_resource(s_t, row, SCALES, 1)
     quad_leader = (lane % mxfp8.LANES_PER_BLOCK) == 0
     for j in range_constexpr(SLOTS):
-        y = (bf16.unpack(r[j]) * rstd) * bf16.unpack(ws[j])
+        y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
         byte, inv_scale = mxfp8.block_scale(y)
         buffer.store(mxfp8.e4m3x8(y, inv_scale), q_rsrc, lane * VEC + j * Q_SLOT_BYTES)
         s_off = quad_leader.select(j * SCALES_PER_SLOT + lane // mxfp8.LANES_PER_BLOCK, buffer.never_in_range())

@@ -23,11 +23,12 @@ Design:
   slot (fully coalesced). There is no tail; the descriptors are still bounded to their row (base = row start,
   num_records = row bytes) as in the other shapes, which costs nothing.
 - x (and residual) are read exactly once: the row stays in VGPRs as packed bf16 (48 VGPRs for x) between the
-  sum-of-squares pass and the normalize pass; the weight row (L2-resident) is issued right after x so its
-  latency overlaps the reduction. That puts the fused kernels near 150 VGPRs (3 waves per SIMD); each wave
-  then has 24 KiB of loads in flight, several times what a CU needs to cover HBM latency, so the lost
-  occupancy costs no bandwidth, whereas splitting the row over more waves would add an LDS reduction and a
-  barrier per row.
+  sum-of-squares pass and the normalize pass (the second pass re-unpacks it, `bf16.opaque`, rather than
+  keeping 96 VGPRs of fp32 alive). The weight row (L2-resident) is issued right after x so its latency
+  overlaps the reduction. rmsnorm / rmsnorm_mxfp8 land near 112-122 VGPRs (4 waves per SIMD); the fused
+  ops hold x, residual and weight in flight at once, about 160 VGPRs (3 waves per SIMD). Each wave then
+  has 24-36 KiB of loads in flight, several times what a CU needs to cover HBM latency, so that occupancy
+  costs no bandwidth, whereas splitting a row over several waves would add an LDS exchange and a barrier.
 - The row sum is a DPP reduction inside the wave (quad perms, row mirrors, row broadcasts, one readlane):
   no LDS, no barrier, no atomics, no scratch.
 - MXFP8: a 32-element block is 4 consecutive lanes x 8 elements = one DPP quad, so the block amax is a
@@ -98,7 +99,7 @@ def _rstd(r, eps):
 def _store_bf16(lane, row, r, ws, rstd, out_t):
     out = buffer.row_resource(out_t, row, H, ELEM_BYTES)
     for j in range_constexpr(SLOTS):
-        y = (bf16.unpack(r[j]) * rstd) * bf16.unpack(ws[j])
+        y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
         buffer.store(bf16.pack(y), out, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
 
 
@@ -107,7 +108,7 @@ def _store_mxfp8(lane, row, r, ws, rstd, q_t, s_t):
     s_rsrc = buffer.row_resource(s_t, row, SCALES, 1)
     quad_leader = (lane % mxfp8.LANES_PER_BLOCK) == 0
     for j in range_constexpr(SLOTS):
-        y = (bf16.unpack(r[j]) * rstd) * bf16.unpack(ws[j])
+        y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
         byte, inv_scale = mxfp8.block_scale(y)
         buffer.store(mxfp8.e4m3x8(y, inv_scale), q_rsrc, lane * VEC + j * Q_SLOT_BYTES)
         s_off = quad_leader.select(j * SCALES_PER_SLOT + lane // mxfp8.LANES_PER_BLOCK, buffer.never_in_range())
