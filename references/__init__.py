@@ -9,8 +9,10 @@ This package imports only torch and numpy.
 """
 
 from references.op import Op, cosine
-from references import norm
+from references import gemm, moe, norm
 
 OPS: dict[str, Op] = {op.name: op for op in norm.OPS}
+OPS.update({op.name: op for op in moe.OPS})
+OPS.update({op.name: op for op in gemm.OPS})
 
 __all__ = ["OPS", "Op", "cosine"]

@@ -33,6 +33,7 @@ class Inst:
     operands: list[str]
     mods: dict = field(default_factory=dict)   # name -> value string (True for flag words)
     text: str = ""
+    words: tuple = ()                          # raw 32-bit instruction words
 
     def __str__(self):
         return self.text
@@ -121,5 +122,6 @@ def parse_listing(text: str) -> list[Inst]:
         mnemonic, rest, addr, words = m.groups()
         operands, mods = parse_line(mnemonic, rest)
         size = 4 * len(words.split())
-        out.append(Inst(int(addr, 16), size, mnemonic, operands, mods, f"{mnemonic}{rest}".strip()))
+        raw = tuple(int(x, 16) for x in words.split())
+        out.append(Inst(int(addr, 16), size, mnemonic, operands, mods, f"{mnemonic}{rest}".strip(), raw))
     return out

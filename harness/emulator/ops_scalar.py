@@ -337,7 +337,8 @@ def build_salu(inst, ctx):
 # ---- program control ------------------------------------------------------------------------------
 
 def _branch_target(inst):
-    simm = _sx(int(parse_operand(inst.operands[0]).value), 16)
+    # from the encoding's SIMM16 (the text may print a label instead of the number)
+    simm = _sx(inst.words[0] & 0xFFFF, 16)
     return inst.pc + 4 + 4 * simm
 
 
@@ -441,7 +442,6 @@ def build_smem(inst, ctx):
     dst = ops[0].index
     if ops[0].kind != "s":
         return None
-    base_r = scalar_reader(ops[1], 128 if m.group(1) == "buffer_load" else 64) if False else None
     base_idx = ops[1].index
     off_ops = ops[2:]
     imm = _sx(int(inst.mods.get("offset", "0"), 0), 21) if "offset" in inst.mods else 0

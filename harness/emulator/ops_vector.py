@@ -892,10 +892,12 @@ def build_pk32(inst, ctx, base, enc):
     hi_r = [half_reader(o, op_sel_hi[i]) for i, o in enumerate(ops[1:1 + n])]
     r = row_of(ops[0], acc)
 
-    if fn is None:  # v_pk_mov_b32: lo from src0, hi from src1
+    if fn is None:  # v_pk_mov_b32: D.lo = src0[op_sel[0]], D.hi = src1[op_sel[1]]
+        mov_hi = half_reader(ops[2], op_sel[1])
+
         def h(w):
             m = exec_mask(w)
-            lo, hi = lo_r[0](w), hi_r[1](w)
+            lo, hi = lo_r[0](w).copy(), mov_hi(w).copy()
             store_row(w, r, lo, m)
             store_row(w, r + 1, hi, m)
         return h
@@ -905,9 +907,11 @@ def build_pk32(inst, ctx, base, enc):
         hi = [x(w).view(F32) for x in hi_r]
         lo = [-x if neg_lo[i] else x for i, x in enumerate(lo)]
         hi = [-x if neg_hi[i] else x for i, x in enumerate(hi)]
+        # compute both halves before writing: the destination pair may alias a source
+        rl, rh = np.asarray(fn(*lo), F32).view(U32), np.asarray(fn(*hi), F32).view(U32)
         m = exec_mask(w)
-        store_row(w, r, np.asarray(fn(*lo), F32).view(U32), m)
-        store_row(w, r + 1, np.asarray(fn(*hi), F32).view(U32), m)
+        store_row(w, r, rl, m)
+        store_row(w, r + 1, rh, m)
     return h
 
 

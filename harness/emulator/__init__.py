@@ -1,0 +1,121 @@
+"""A gfx950 (MI355X, CDNA4, wave64) emulator that runs FlyDSL kernels on a CPU.
+
+    from harness import emulator
+    emulator.install()            # before FlyDSL's runtime loads; idempotent
+    with emulator.launches() as recs, emulator.options(workgroup_sample=8):
+        my_flydsl_fn(x_cpu, y_cpu)        # CPU torch tensors: device pointers are host addresses
+    recs[0].counters, recs[0].workgroups_executed
+
+install() loads a substitute libamdhip64.so.7 (hip_shim.c) with RTLD_GLOBAL, so FlyDSL's JIT runtime binds
+to it; module loads and launches then come to runtime.py, which decodes the code object with llvm-objdump-22
+and executes it instruction by instruction. Neither the kernels nor FlyDSL know they are emulated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from . import runtime, shim
+from .engine import LaunchError, LaunchRecord
+from .translate import UnknownInstruction
+
+__all__ = ["install", "available", "wanted", "launches", "options", "LaunchRecord", "LaunchError",
+           "UnknownInstruction", "installed"]
+
+_installed = False
+
+
+def wanted() -> bool:
+    """Use the emulator when asked to (AMD_KERNELS_DEVICE=emulator) or when there is no AMD GPU."""
+    dev = os.environ.get("AMD_KERNELS_DEVICE", "").lower()
+    if dev == "emulator":
+        return True
+    if dev in ("gpu", "hardware", "rocm"):
+        return False
+    return not Path("/dev/kfd").exists()
+
+
+def available() -> bool:
+    """True when the emulator can be installed in this process (FlyDSL's runtime not yet bound elsewhere)."""
+    if _installed:
+        return True
+    return not shim.fly_runtime_loaded()
+
+
+def installed() -> bool:
+    return _installed
+
+
+def _patch_flydsl_error_path() -> None:
+    """Raise a failed emulated launch's exception in the caller once FlyDSL's compiled host code returns.
+
+    The launch runs inside a ctypes callback nested in FlyDSL's JIT code, where a Python exception cannot
+    propagate; FlyDSL only prints the HIP error. We wrap the host entry point FlyDSL calls.
+    """
+    from flydsl.compiler import jit_executor
+
+    art = jit_executor.CompiledArtifact
+    if getattr(art, "_emulator_patched", False):
+        return
+    original = art._get_func_exe
+
+    def _get_func_exe(self):
+        fn = original(self)
+        if getattr(fn, "_emulator_wrapped", False):
+            return fn
+
+        def call(packed):
+            runtime._pending_error.clear()
+            result = fn(packed)
+            runtime.raise_pending()
+            return result
+        call._emulator_wrapped = True
+        self._func_exe = call
+        return call
+
+    art._get_func_exe = _get_func_exe
+    art._emulator_patched = True
+
+
+def install() -> None:
+    """Build/load the HIP shim before FlyDSL's runtime, register callbacks, target gfx950. Idempotent."""
+    global _installed
+    if _installed:
+        return
+    from harness.toolchain import configure_gfx950
+
+    configure_gfx950()
+    shim.load()
+    shim.register(runtime.load_module, runtime.get_function, runtime.launch, runtime.unload)
+    bin_dir = str(shim.bin_dir())
+    if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    _patch_flydsl_error_path()
+    _installed = True
+
+
+@contextlib.contextmanager
+def launches():
+    """Record a LaunchRecord for every emulated launch inside the block (yields the list)."""
+    recs: list[LaunchRecord] = []
+    runtime._recorders.append(recs)
+    try:
+        yield recs
+    finally:
+        runtime._recorders.remove(recs)
+
+
+@contextlib.contextmanager
+def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0):
+    """Launch options for the block: a seeded workgroup order, and/or a seeded sample of N workgroups
+    (the LaunchRecord lists the executed workgroup ids so callers check only those tiles)."""
+    opts = dict(runtime.current_options())
+    opts.update(workgroup_order_seed=workgroup_order_seed, workgroup_sample=workgroup_sample,
+                sample_seed=sample_seed)
+    runtime._options_stack.append(opts)
+    try:
+        yield opts
+    finally:
+        runtime._options_stack.pop()

@@ -1,0 +1,112 @@
+"""Per-launch counters: instructions by class, MFMAs, global/LDS traffic, bank conflicts, barriers."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+LDS_BANKS = 32          # 4-byte banks; UNSURE for gfx950 (CDNA3 has 32; a model, not a measurement)
+_COMPACT_AT = 1 << 22   # pending dword addresses before deduplicating
+
+
+class _DistinctDwords:
+    """Distinct 4-byte-aligned dwords touched (bytes reported as 4 x dwords)."""
+
+    def __init__(self):
+        self._pending: list[np.ndarray] = []
+        self._n = 0
+        self._seen = np.zeros(0, np.int64)
+
+    def add(self, addrs: np.ndarray, nbytes: int) -> None:
+        first = addrs.astype(np.int64) >> 2
+        last = (addrs.astype(np.int64) + nbytes - 1) >> 2
+        span = int((last - first).max()) + 1 if len(first) else 0
+        d = (first[:, None] + np.arange(span)).ravel() if span > 1 else first
+        self._pending.append(d)
+        self._n += d.size
+        if self._n > _COMPACT_AT:
+            self._compact()
+
+    def _compact(self):
+        if self._pending:
+            self._seen = np.unique(np.concatenate([self._seen] + self._pending))
+            self._pending, self._n = [], 0
+
+    def bytes(self) -> int:
+        self._compact()
+        return 4 * int(self._seen.size)
+
+
+class Counters:
+    def __init__(self):
+        self.instructions = Counter()        # class -> wave-instructions
+        self.mfma = Counter()                # mnemonic -> count
+        self.global_load_bytes = 0
+        self.global_store_bytes = 0
+        self.global_atomic_bytes = 0
+        self.smem_bytes = 0
+        self.lds_read_bytes = 0
+        self.lds_write_bytes = 0
+        self.lds_bank_conflicts = 0          # extra LDS cycles from bank conflicts (model)
+        self.barriers = 0
+        self.workgroups = 0
+        self.waves = 0
+        self._loaded = _DistinctDwords()
+        self._stored = _DistinctDwords()
+
+    # called from instruction handlers
+    def global_load(self, addrs, nbytes):
+        if len(addrs):
+            self.global_load_bytes += len(addrs) * nbytes
+            self._loaded.add(addrs, nbytes)
+
+    def global_store(self, addrs, nbytes):
+        if len(addrs):
+            self.global_store_bytes += len(addrs) * nbytes
+            self._stored.add(addrs, nbytes)
+
+    def global_atomic(self, addrs, nbytes):
+        if len(addrs):
+            self.global_atomic_bytes += len(addrs) * nbytes
+            self._stored.add(addrs, nbytes)
+
+    def lds_access(self, addrs, nbytes, write):
+        n = len(addrs)
+        if not n:
+            return
+        if write:
+            self.lds_write_bytes += n * nbytes
+        else:
+            self.lds_read_bytes += n * nbytes
+        # Lanes served per pass: 32 for <=4 bytes, 16 for 8, 8 for 12/16 (each pass moves 128 bytes).
+        per_pass = max(1, 128 // max(4, nbytes))
+        ndw = max(1, (nbytes + 3) // 4)
+        dw = (np.asarray(addrs, np.int64) >> 2)[:, None] + np.arange(ndw)
+        passes = (np.arange(n) // per_pass)[:, None].repeat(ndw, axis=1)
+        keys = np.unique(passes.ravel() * (1 << 40) + dw.ravel())     # same dword in a pass: broadcast
+        p, d = keys >> 40, keys & ((1 << 40) - 1)
+        counts = np.bincount(p * LDS_BANKS + d % LDS_BANKS)
+        per_bank = np.zeros(((n + per_pass - 1) // per_pass) * LDS_BANKS, np.int64)
+        per_bank[: counts.size] = counts
+        worst = per_bank.reshape(-1, LDS_BANKS).max(axis=1)
+        self.lds_bank_conflicts += int(np.maximum(worst - 1, 0).sum())
+
+    def as_dict(self) -> dict:
+        return {
+            "wave_instructions": int(sum(self.instructions.values())),
+            "instructions": dict(self.instructions),
+            "mfma": dict(self.mfma),
+            "global_load_bytes": self.global_load_bytes,
+            "global_store_bytes": self.global_store_bytes,
+            "global_atomic_bytes": self.global_atomic_bytes,
+            "global_load_distinct_bytes": self._loaded.bytes(),
+            "global_store_distinct_bytes": self._stored.bytes(),
+            "smem_bytes": self.smem_bytes,
+            "lds_read_bytes": self.lds_read_bytes,
+            "lds_write_bytes": self.lds_write_bytes,
+            "lds_bank_conflicts": self.lds_bank_conflicts,
+            "barriers": self.barriers,
+            "workgroups": self.workgroups,
+            "waves": self.waves,
+        }

@@ -1,0 +1,191 @@
+"""Execute one kernel launch: workgroups in a (seeded) order, each workgroup's waves round-robin between
+barriers, every wave starting from the register state the hardware sets up."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codeobject import Kernel
+from .counters import Counters
+from .ops_scalar import BARRIER, ENDPGM
+from .state import EXEC_HI, EXEC_LO, WAVE, Wave
+from .translate import Program
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+# Callables run with each wave when it reaches s_endpgm (tests inspect final register state this way).
+wave_end_hooks: list = []
+
+
+@dataclass
+class LaunchRecord:
+    kernel_name: str
+    grid: tuple
+    block: tuple
+    counters: dict
+    workgroups_executed: list | None = None   # None: all of them ran; else the (x, y, z) ids that ran
+    seconds: float = 0.0
+
+    @property
+    def wave_instructions(self) -> int:
+        return self.counters.get("wave_instructions", 0)
+
+    @property
+    def sampled(self) -> bool:
+        return self.workgroups_executed is not None
+
+
+class _Workgroup:
+    def __init__(self, ids, lds_bytes):
+        self.ids = ids
+        self.lds = np.zeros(max(lds_bytes, 4), np.uint8)
+        self.lds32 = None
+
+
+class _LaunchState:
+    def __init__(self, counters):
+        self.counters = counters
+        self.mode_reg = 0
+        self.clock = 0
+
+
+def _dispatch_packet(kernel: Kernel, grid, block, kernarg_addr, lds_bytes):
+    """An hsa_kernel_dispatch_packet_t for kernels that read their dispatch pointer."""
+    dims = 3 if grid[2] > 1 or block[2] > 1 else (2 if grid[1] > 1 or block[1] > 1 else 1)
+    pkt = struct.pack(
+        "<HHHHHHIIIIIQQQQ", 0, dims, block[0], block[1], block[2], 0,
+        grid[0] * block[0], grid[1] * block[1], grid[2] * block[2],
+        kernel.private_segment_fixed_size, lds_bytes, 0, kernarg_addr, 0, 0)
+    return np.frombuffer(pkt, np.uint8).copy()
+
+
+def _init_wave(w: Wave, kernel: Kernel, wave_in_group: int, block, ids, grid, kernarg_addr, dispatch_addr):
+    d = kernel.descriptor
+    s = w.s
+    for name, first in d.user_sgprs:
+        if name == "kernarg_segment_ptr":
+            s[first], s[first + 1] = kernarg_addr & 0xFFFFFFFF, kernarg_addr >> 32
+        elif name == "dispatch_ptr":
+            s[first], s[first + 1] = dispatch_addr & 0xFFFFFFFF, dispatch_addr >> 32
+        elif name == "dispatch_id":
+            s[first], s[first + 1] = 0, 0
+        # private segment buffer / queue ptr / flat scratch: zero (no scratch support)
+    n = d.user_sgpr_count
+    for enabled, value in zip(d.workgroup_id_enabled, ids):
+        if enabled:
+            s[n] = value
+            n += 1
+    if d.workgroup_info_enabled:
+        s[n] = 0
+        n += 1
+    if d.enable_private_segment:
+        s[n] = 0
+    bx, by, bz = block
+    t = wave_in_group * WAVE + np.arange(WAVE)
+    x, y, z = t % bx, (t // bx) % by, t // (bx * by)
+    v0 = x.astype(np.uint32)
+    if d.vgpr_workitem_ids >= 1:
+        v0 |= (y.astype(np.uint32) << 10)
+    if d.vgpr_workitem_ids >= 2:
+        v0 |= (z.astype(np.uint32) << 20)
+    w.v[0] = v0
+    valid = t < bx * by * bz
+    exec_bits = int(np.packbits(valid, bitorder="little").view(np.uint64)[0])
+    s[EXEC_LO], s[EXEC_HI] = exec_bits & 0xFFFFFFFF, exec_bits >> 32
+
+
+def run_wave(w: Wave, program: Program, hits: list) -> int:
+    """Run until the wave reaches s_barrier (BARRIER) or s_endpgm (ENDPGM)."""
+    table, base = program.table, program.base
+    pc = w.pc
+    while True:
+        i = (pc - base) >> 2
+        fn, nxt = table[i]
+        hits[i] += 1
+        try:
+            r = fn(w)
+        except Exception:
+            w.pc = pc
+            raise
+        if r is None:
+            pc = nxt
+        elif r >= 0:
+            pc = r
+        else:
+            w.pc = nxt
+            return r
+
+
+def workgroup_order(grid, seed):
+    ids = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+    if seed is not None:
+        random.Random(seed).shuffle(ids)
+    return ids
+
+
+def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, dynamic_lds: int,
+            counters_sink, options: dict) -> LaunchRecord:
+    t0 = time.perf_counter()
+    counters = Counters()
+    counters_sink.bind(counters)
+    launch = _LaunchState(counters)
+    lds_bytes = kernel.group_segment_fixed_size + dynamic_lds
+    kernarg_addr = kernarg.ctypes.data
+    packet = _dispatch_packet(kernel, grid, block, kernarg_addr, lds_bytes)
+    ids = workgroup_order(grid, options.get("workgroup_order_seed"))
+    sampled = None
+    n_sample = options.get("workgroup_sample")
+    if n_sample is not None and n_sample < len(ids):
+        pick = sorted(random.Random(options.get("sample_seed", 0)).sample(range(len(ids)), n_sample))
+        ids = [ids[i] for i in pick]
+        sampled = list(ids)
+    threads = block[0] * block[1] * block[2]
+    n_waves = (threads + WAVE - 1) // WAVE
+    hits = [0] * len(program.table)
+    entry = kernel.entry
+    with np.errstate(all="ignore"):
+        for wg_ids in ids:
+            wg = _Workgroup(wg_ids, lds_bytes)
+            waves = []
+            for k in range(n_waves):
+                w = Wave(k, wg, launch)
+                _init_wave(w, kernel, k, block, wg_ids, grid, kernarg_addr, packet.ctypes.data)
+                w.pc = entry
+                waves.append(w)
+            live = list(waves)
+            while live:
+                still = []
+                for w in live:
+                    try:
+                        r = run_wave(w, program, hits)
+                    except Exception as e:
+                        inst = program.insts.get(w.pc)
+                        raise LaunchError(
+                            f"{kernel.name}: workgroup {wg_ids} wave {w.wave_id} pc {w.pc:#x} "
+                            f"({inst.text if inst else '?'}): {type(e).__name__}: {e}") from e
+                    if r == BARRIER:
+                        still.append(w)
+                    else:
+                        for hook in wave_end_hooks:
+                            hook(w)
+                if still:
+                    counters.barriers += 1
+                live = still
+            counters.workgroups += 1
+            counters.waves += n_waves
+    for i, n in enumerate(hits):
+        if n:
+            counters.instructions[program.classes[i]] += n
+    rec = LaunchRecord(kernel.name, tuple(grid), tuple(block), counters.as_dict(), sampled,
+                       time.perf_counter() - t0)
+    return rec
+

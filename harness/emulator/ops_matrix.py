@@ -1,0 +1,107 @@
+"""MFMA and the narrow-float conversions, delegated to mfma.py and numerics.py (written alongside).
+
+This module only fetches operands in the shapes those modules take and writes their results back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .operands import const_bits, exec_mask, parse_operand, raw_reader, row_of, store_row
+from .state import WAVE
+
+U32 = np.uint32
+
+
+def _list(text):
+    return [int(x) for x in text.strip("[]").split(",")]
+
+
+def asm_mods(inst) -> dict:
+    """Instruction modifiers in the dict form mfma/numerics take (lists for op_sel etc., ints otherwise)."""
+    out = {}
+    for k, v in inst.mods.items():
+        if v is True:
+            out[k] = True
+        elif isinstance(v, str) and v.startswith("["):
+            out[k] = _list(v)
+        else:
+            try:
+                out[k] = int(v, 0)
+            except (TypeError, ValueError):
+                out[k] = v
+    return out
+
+
+def _rows_reader(op, n, acc):
+    """Closure w -> (n, 64) uint32 of an n-register operand (constants broadcast)."""
+    if op.kind in ("v", "a"):
+        r = row_of(op, acc)
+        return lambda w: w.v[r: r + n]
+    if op.kind == "const":
+        c = np.full((n, WAVE), const_bits(op, "b32"), U32)
+        return lambda w: c
+    if op.kind == "s":
+        i = op.index
+        return lambda w: np.repeat(np.array(w.s[i: i + n], U32)[:, None], WAVE, axis=1)
+    raise ValueError(f"bad matrix operand {op.text}")
+
+
+def build_mfma(inst, ctx):
+    from . import mfma  # written by a parallel helper; imported lazily so the rest works without it
+    name = inst.mnemonic.removesuffix("_e64")
+    if name not in getattr(mfma, "MFMA_MNEMONICS", ()) and name not in getattr(mfma, "REGS", {}):
+        return None
+    ops = [parse_operand(o) for o in inst.operands]
+    acc = ctx.acc_offset
+    mods = asm_mods(inst)
+    a_regs, b_regs, c_regs = mfma.operand_regs(name, mods)
+    ra, rb, rc = _rows_reader(ops[1], a_regs, acc), _rows_reader(ops[2], b_regs, acc), _rows_reader(ops[3], c_regs, acc)
+    drow = row_of(ops[0], acc)
+    scaled = len(ops) >= 6
+    if scaled:
+        sa, sb = raw_reader(ops[4], acc), raw_reader(ops[5], acc)
+    counters = ctx.counters
+
+    def h(w):
+        m = dict(mods)
+        if scaled:
+            m["scale_a"] = np.broadcast_to(sa(w), (WAVE,))
+            m["scale_b"] = np.broadcast_to(sb(w), (WAVE,))
+        d = mfma.execute(name, ra(w), rb(w), rc(w), m)
+        w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
+        counters.mfma[name] += 1
+    return h
+
+
+def build_cvt(inst, ctx):
+    from . import numerics
+    base = inst.mnemonic.removesuffix("_e64").removesuffix("_e32")
+    if base.endswith("_sdwa"):
+        base = base[:-5]
+    if base not in getattr(numerics, "CVT_MNEMONICS", ()):
+        return None
+    ops = [parse_operand(o) for o in inst.operands]
+    acc = ctx.acc_offset
+    mods = asm_mods(inst)
+    src_dw = numerics.CVT_SRC_DWORDS.get(base, (1,) * (len(ops) - 1))
+    dst_dw = numerics.CVT_DST_DWORDS.get(base, 1)
+    srcs = ops[1:1 + len(src_dw)]
+    mods["abs"] = [int(o.abs) for o in srcs]
+    mods["neg"] = [int(o.neg) for o in srcs]
+    readers = []
+    for o, n in zip(srcs, src_dw):
+        rr = _rows_reader(o, n, acc)
+        readers.append((lambda w, rr=rr: np.broadcast_to(rr(w)[0], (WAVE,))) if n == 1 else rr)
+    drow = row_of(ops[0], acc)
+
+    def h(w):
+        old = w.v[drow] if dst_dw == 1 else w.v[drow: drow + dst_dw]
+        res = numerics.execute_cvt(base, [r(w) for r in readers], old.copy(), mods)
+        m = exec_mask(w)
+        if dst_dw == 1:
+            store_row(w, drow, res, m)
+        else:
+            for i in range(dst_dw):
+                store_row(w, drow + i, res[i], m)
+    return h

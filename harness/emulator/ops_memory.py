@@ -1,0 +1,612 @@
+"""Vector memory (global/flat, MUBUF buffer incl. the LDS-direct form) and LDS (DS) instructions.
+
+Global accesses gather/scatter straight into host memory through state.MEM8/MEM32. Buffer accesses apply
+the 128-bit resource descriptor's num_records bound: out-of-range loads return 0, stores are dropped, and
+out-of-range lanes never touch memory. Every access updates the launch counters.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .lanes import swizzle_source_lanes
+from .operands import bf16_bits_rne, exec_mask, parse_operand, raw_reader, row_of, scalar_reader
+from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
+
+U32, I32, U64, I64, F32 = np.uint32, np.int32, np.uint64, np.int64, np.float32
+_ALL = np.ones(WAVE, bool)
+_ZERO_PAGE = np.zeros(64, np.uint64)        # a harmless address for lanes that must not touch memory
+SAFE_ADDR = _ZERO_PAGE.ctypes.data
+
+# suffix -> (bytes, sign-extend bits or 0, d16 half: None/'lo'/'hi')
+_SIZES = {
+    "dword": (4, 0, None), "dwordx2": (8, 0, None), "dwordx3": (12, 0, None), "dwordx4": (16, 0, None),
+    "ubyte": (1, 0, None), "sbyte": (1, 8, None), "ushort": (2, 0, None), "sshort": (2, 16, None),
+    "byte": (1, 0, None), "short": (2, 0, None),
+    "ubyte_d16": (1, 0, "lo"), "ubyte_d16_hi": (1, 0, "hi"), "sbyte_d16": (1, 8, "lo"),
+    "sbyte_d16_hi": (1, 8, "hi"), "short_d16": (2, 0, "lo"), "short_d16_hi": (2, 0, "hi"),
+    "byte_d16_hi": (1, 0, "hi"),
+    "b8": (1, 0, None), "b16": (2, 0, None), "b32": (4, 0, None), "b64": (8, 0, None), "b96": (12, 0, None),
+    "b128": (16, 0, None), "u8": (1, 0, None), "i8": (1, 8, None), "u16": (2, 0, None), "i16": (2, 16, None),
+    "u8_d16": (1, 0, "lo"), "u8_d16_hi": (1, 0, "hi"), "i8_d16": (1, 8, "lo"), "i8_d16_hi": (1, 8, "hi"),
+    "u16_d16": (2, 0, "lo"), "u16_d16_hi": (2, 0, "hi"), "b8_d16_hi": (1, 0, "hi"), "b16_d16_hi": (2, 0, "hi"),
+}
+
+
+# ---- host-memory gather/scatter ---------------------------------------------------------------------
+
+def mem_read(addrs: np.ndarray, nbytes: int) -> np.ndarray:
+    """(k,) byte addresses -> (k, nbytes) uint8 copy of host memory."""
+    a = addrs.astype(np.int64)
+    if nbytes % 4 == 0 and not (a & 3).any():
+        idx = ((a - MEM_BASE) >> 2)[:, None] + np.arange(nbytes // 4)
+        return MEM32[idx].view(np.uint8).reshape(len(a), nbytes)
+    idx = (a - MEM_BASE)[:, None] + np.arange(nbytes)
+    return MEM8[idx]
+
+
+def mem_write(addrs: np.ndarray, data: np.ndarray) -> None:
+    """Scatter (k, nbytes) uint8 rows to host memory (later lanes win on overlap)."""
+    a = addrs.astype(np.int64)
+    nbytes = data.shape[1]
+    if nbytes % 4 == 0 and not (a & 3).any():
+        idx = ((a - MEM_BASE) >> 2)[:, None] + np.arange(nbytes // 4)
+        MEM32[idx] = np.ascontiguousarray(data).view(U32)
+        return
+    idx = (a - MEM_BASE)[:, None] + np.arange(nbytes)
+    MEM8[idx] = data
+
+
+def _rows_to_bytes(w, row, nbytes, active):
+    """(k, nbytes) bytes of the data registers of the active lanes."""
+    ndw = (nbytes + 3) // 4
+    regs = w.v[row: row + ndw][:, active].T.copy()          # (k, ndw)
+    return regs.view(np.uint8).reshape(-1, ndw * 4)[:, :nbytes]
+
+
+def _bytes_to_rows(w, row, data, active, nbytes, sext, d16):
+    """Write loaded bytes (k, nbytes) to the destination registers of the active lanes."""
+    k = data.shape[0]
+    if nbytes >= 4:
+        vals = np.ascontiguousarray(data).view(U32).reshape(k, nbytes // 4).T
+        w.v[row: row + nbytes // 4, active] = vals
+        return
+    v = data[:, 0].astype(U32) if nbytes == 1 else np.ascontiguousarray(data).view(np.uint16)[:, 0].astype(U32)
+    if sext:
+        sh = U32(32 - sext)
+        v = ((v << sh).view(I32) >> I32(32 - sext)).view(U32)
+    if d16 is None:
+        w.v[row, active] = v
+    elif d16 == "lo":
+        w.v[row, active] = (w.v[row, active] & U32(0xFFFF0000)) | (v & U32(0xFFFF))
+    else:
+        w.v[row, active] = (w.v[row, active] & U32(0xFFFF)) | (v << U32(16))
+
+
+def _active(w):
+    ex = w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)
+    return _ALL if ex == FULL else lane_mask(ex)
+
+
+# ---- atomics ------------------------------------------------------------------------------------------
+
+def _bf16x2_add(old, val):
+    o, v = np.asarray(old, U32), np.asarray(val, U32)
+    lo = ((o << U32(16)).view(F32) + (v << U32(16)).view(F32))
+    hi = ((o & U32(0xFFFF0000)).view(F32) + (v & U32(0xFFFF0000)).view(F32))
+    return bf16_bits_rne(lo) | (bf16_bits_rne(hi) << U32(16))
+
+
+def _f16x2_add(old, val):
+    o, v = np.asarray(old, U32), np.asarray(val, U32)
+
+    def h(x, s):
+        return ((x >> U32(s)) & U32(0xFFFF)).astype(np.uint16).view(np.float16).astype(F32)
+    lo = (h(o, 0) + h(v, 0)).astype(np.float16).view(np.uint16).astype(U32)
+    hi = (h(o, 16) + h(v, 16)).astype(np.float16).view(np.uint16).astype(U32)
+    return lo | (hi << U32(16))
+
+
+def _sx32(x):
+    return np.asarray(x, U32).view(I32)
+
+
+ATOMIC32 = {
+    "add": lambda o, v: o + v, "sub": lambda o, v: o - v, "rsub": lambda o, v: v - o,
+    "swap": lambda o, v: v, "and": lambda o, v: o & v, "or": lambda o, v: o | v, "xor": lambda o, v: o ^ v,
+    "smin": lambda o, v: np.minimum(_sx32(o), _sx32(v)).view(U32), "smax": lambda o, v: np.maximum(_sx32(o), _sx32(v)).view(U32),
+    "min_i32": lambda o, v: np.minimum(_sx32(o), _sx32(v)).view(U32), "max_i32": lambda o, v: np.maximum(_sx32(o), _sx32(v)).view(U32),
+    "umin": np.minimum, "umax": np.maximum, "min_u32": np.minimum, "max_u32": np.maximum,
+    "inc": lambda o, v: np.where(o >= v, U32(0), o + U32(1)), "dec": lambda o, v: np.where((o == 0) | (o > v), v, o - U32(1)),
+    "add_f32": lambda o, v: (o.view(F32) + v.view(F32)).astype(F32).view(U32),
+    "min_f32": lambda o, v: np.fmin(o.view(F32), v.view(F32)).view(U32),
+    "max_f32": lambda o, v: np.fmax(o.view(F32), v.view(F32)).view(U32),
+    "pk_add_bf16": _bf16x2_add, "pk_add_f16": _f16x2_add,
+    "add_u32": lambda o, v: o + v, "sub_u32": lambda o, v: o - v, "rsub_u32": lambda o, v: v - o,
+    "and_b32": lambda o, v: o & v, "or_b32": lambda o, v: o | v, "xor_b32": lambda o, v: o ^ v,
+    "inc_u32": lambda o, v: np.where(o >= v, U32(0), o + U32(1)),
+    "dec_u32": lambda o, v: np.where((o == 0) | (o > v), v, o - U32(1)),
+    "wrxchg_b32": lambda o, v: v,
+}
+
+
+def _atomic_rmw(read_one, write_one, addrs, vals, op, cmp=None):
+    """Apply an atomic lane by lane (lanes hitting one address see each other's results)."""
+    olds = np.zeros(len(addrs), U32)
+    for i, a in enumerate(addrs.tolist()):
+        o = read_one(a)
+        olds[i] = o
+        if cmp is not None:
+            new = vals[i] if o == cmp[i] else o
+        else:
+            new = op(np.array(o, U32), np.array(vals[i], U32))
+        write_one(a, int(new))
+    return olds
+
+
+def _global_read_one(a):
+    return int(MEM8[a - MEM_BASE: a - MEM_BASE + 4].view(U32)[0])
+
+
+def _global_write_one(a, v):
+    MEM8[a - MEM_BASE: a - MEM_BASE + 4].view(U32)[0] = v
+
+
+# ---- global / flat ------------------------------------------------------------------------------------
+
+def build_global(inst, ctx):
+    m = re.match(r"(global|flat)_(load|store|atomic)_(\w+)$", inst.mnemonic)
+    if not m:
+        return None
+    kind, what = m.group(2), m.group(3)
+    ops = [parse_operand(o) for o in inst.operands]
+    acc = ctx.acc_offset
+    offset = int(inst.mods.get("offset", "0"), 0)
+    counters = ctx.counters
+    returns = kind == "load" or (kind == "atomic" and ("sc0" in inst.mods or "glc" in inst.mods))
+
+    if kind == "load":
+        dst, addr_ops = ops[0], ops[1:]
+    elif kind == "store":
+        dst, addr_ops = None, [ops[0]] + ops[2:]
+        data_op = ops[1]
+    else:
+        if returns:
+            dst, addr_ops, data_op = ops[0], [ops[1]] + ops[3:], ops[2]
+        else:
+            dst, addr_ops, data_op = None, [ops[0]] + ops[2:], ops[1]
+    vaddr = addr_ops[0]
+    saddr = addr_ops[1] if len(addr_ops) > 1 and addr_ops[1].kind != "off" else None
+    if saddr is not None:
+        sread = scalar_reader(saddr, 64)
+        vread = raw_reader(vaddr, acc, 32)
+
+        def address(w):
+            return np.uint64(sread(w)) + vread(w).astype(U64) + U64(offset & 0xFFFFFFFFFFFFFFFF if offset >= 0 else 0) - U64(-offset if offset < 0 else 0)
+    else:
+        vread = raw_reader(vaddr, acc, 64)
+
+        def address(w):
+            return (vread(w).astype(np.int64) + offset).astype(U64)
+
+    if kind == "atomic":
+        return _global_atomic(inst, ctx, what, address, data_op, dst, returns)
+    if what not in _SIZES:
+        return None
+    nbytes, sext, d16 = _SIZES[what]
+    if kind == "load":
+        row = row_of(dst, acc)
+
+        def h(w):
+            act = _active(w)
+            a = np.broadcast_to(address(w), (WAVE,))[act]
+            if len(a):
+                data = mem_read(a, nbytes)
+                _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
+                counters.global_load(a, nbytes)
+        return h
+    drow = row_of(data_op, acc)
+    shift_hi = d16 == "hi"
+
+    def h(w):
+        act = _active(w)
+        a = np.broadcast_to(address(w), (WAVE,))[act]
+        if len(a):
+            if shift_hi:
+                regs = (w.v[drow, act] >> U32(16)).copy()
+                data = regs.view(np.uint8).reshape(-1, 4)[:, :nbytes]
+            else:
+                data = _rows_to_bytes(w, drow, nbytes, act)
+            mem_write(a, data)
+            counters.global_store(a, nbytes)
+    return h
+
+
+def _global_atomic(inst, ctx, what, address, data_op, dst, returns):
+    acc = ctx.acc_offset
+    counters = ctx.counters
+    x2 = what.endswith("_x2")
+    if x2:
+        return None  # 64-bit atomics: not used by our kernels yet
+    drow = row_of(data_op, acc)
+    rrow = row_of(dst, acc) if dst is not None else None
+    if what == "cmpswap":
+        def h(w):
+            act = _active(w)
+            a = np.broadcast_to(address(w), (WAVE,))[act]
+            src, cmp = w.v[drow, act], w.v[drow + 1, act]
+            olds = _atomic_rmw(_global_read_one, _global_write_one, a, src, None, cmp=cmp)
+            if rrow is not None:
+                w.v[rrow, act] = olds
+            counters.global_atomic(a, 4)
+        return h
+    op = ATOMIC32.get(what)
+    if op is None:
+        return None
+
+    def h(w):
+        act = _active(w)
+        a = np.broadcast_to(address(w), (WAVE,))[act]
+        olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, act], op)
+        if rrow is not None:
+            w.v[rrow, act] = olds
+        counters.global_atomic(a, 4)
+    return h
+
+
+# ---- buffer (MUBUF) -----------------------------------------------------------------------------------
+
+class BufferAddress:
+    """Per-lane addresses and in-range masks from a MUBUF instruction's operands and its descriptor."""
+
+    def __init__(self, inst, ops, acc):
+        self.offen = "offen" in inst.mods
+        self.idxen = "idxen" in inst.mods
+        self.inst_offset = int(inst.mods.get("offset", "0"), 0)
+        vaddr, srsrc, soffset = ops
+        self.vread = raw_reader(vaddr, acc) if vaddr.kind != "off" else None
+        self.vrow = row_of(vaddr, acc) if vaddr.is_vector else None
+        self.rsrc = srsrc.index
+        self.soff = scalar_reader(soffset)
+
+    def compute(self, w, nbytes):
+        """(addresses uint64 (64,), per-lane range offset int64 (64,), num_records, stride)."""
+        s = w.s
+        d0, d1, d2 = s[self.rsrc], s[self.rsrc + 1], s[self.rsrc + 2]
+        base = d0 | ((d1 & 0xFFFF) << 32)
+        stride = (d1 >> 16) & 0x3FFF
+        num_records = d2
+        off = np.full(WAVE, self.inst_offset, np.int64)
+        idx = np.zeros(WAVE, np.int64)
+        if self.idxen:
+            idx = w.v[self.vrow].astype(np.int64)
+            if self.offen:
+                off = off + w.v[self.vrow + 1].astype(np.int64)
+        elif self.offen:
+            off = off + w.v[self.vrow].astype(np.int64)
+        soff = self.soff(w)
+        addr = (base + soff + stride * idx + off).astype(U64)
+        return addr, off + soff, idx, num_records, stride
+
+    def in_range(self, w, nbytes):
+        addr, off, idx, num_records, stride = self.compute(w, nbytes)
+        if stride == 0 and not self.idxen:
+            # UNSURE (gfx9 raw buffers): a dword is in range when its last byte is below num_records.
+            ok_dw = [(off + 4 * j + min(4, nbytes)) <= num_records for j in range(max(1, nbytes // 4))]
+        else:
+            ok = (idx < num_records) & (off - self.soff(w) < max(stride, 1))
+            ok_dw = [ok] * max(1, nbytes // 4)
+        return addr, np.stack(ok_dw, axis=1)   # (64, ndw)
+
+
+def build_buffer(inst, ctx):
+    m = re.match(r"buffer_(load|store|atomic)_(\w+)$", inst.mnemonic)
+    if inst.mnemonic in ("buffer_wbl2", "buffer_inv", "buffer_wbinvl1", "buffer_wbinvl1_vol", "buffer_gl0_inv",
+                         "buffer_gl1_inv"):
+        return lambda w: None
+    if not m:
+        return None
+    kind, what = m.group(1), m.group(2)
+    ops = [parse_operand(o) for o in inst.operands]
+    acc = ctx.acc_offset
+    counters = ctx.counters
+    lds = "lds" in inst.mods
+    if lds and len(ops) == 3:
+        data_op, addr_ops = None, ops
+    else:
+        data_op, addr_ops = ops[0], ops[1:4]
+    ba = BufferAddress(inst, addr_ops, acc)
+    if kind == "atomic":
+        return _buffer_atomic(inst, ctx, what, ba, data_op)
+    if what.startswith("format") or what not in _SIZES:
+        return None
+    nbytes, sext, d16 = _SIZES[what]
+    ndw = max(1, nbytes // 4)
+
+    if kind == "load" and lds:
+        lds_off = ba.inst_offset
+
+        def h(w):
+            act = _active(w)
+            addr, ok = ba.in_range(w, nbytes)
+            a = addr[act]
+            okl = ok[act]
+            safe = np.where(okl.all(axis=1), a, SAFE_ADDR)
+            data = mem_read(safe, nbytes).reshape(-1, ndw, min(4, nbytes))
+            data = np.where(okl[:, :, None], data, 0).reshape(-1, nbytes)
+            # UNSURE: LDS destination = M0[17:0] + inst_offset + lane * size (gfx950 lds form).
+            base = (w.s[M0] & 0x3FFFF) + lds_off
+            lanes = np.nonzero(act)[0]
+            dst = base + lanes * nbytes
+            _lds_store_bytes(w, dst, data, ctx)
+            counters.global_load(a[okl.all(axis=1)], nbytes)
+            counters.lds_access(dst, nbytes, write=True)
+        return h
+
+    if kind == "load":
+        row = row_of(data_op, acc)
+
+        def h(w):
+            act = _active(w)
+            addr, ok = ba.in_range(w, nbytes)
+            a, okl = addr[act], ok[act]
+            if not len(a):
+                return
+            if okl.all():
+                data = mem_read(a, nbytes)
+            else:
+                lane_ok = okl.any(axis=1)
+                safe = np.where(lane_ok, a, SAFE_ADDR)
+                data = mem_read(safe, nbytes)
+                if nbytes >= 4:
+                    data = np.where(np.repeat(okl, 4, axis=1), data, 0).astype(np.uint8)
+                else:
+                    data = np.where(okl, data, 0).astype(np.uint8)
+                a = a[lane_ok]
+            _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
+            counters.global_load(a, nbytes)
+        return h
+
+    drow = row_of(data_op, acc)
+    shift_hi = d16 == "hi"
+
+    def h(w):
+        act = _active(w)
+        addr, ok = ba.in_range(w, nbytes)
+        a, okl = addr[act], ok[act]
+        if shift_hi:
+            data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
+        else:
+            data = _rows_to_bytes(w, drow, nbytes, act)
+        if not okl.all():
+            lane_ok = okl.all(axis=1)
+            if nbytes > 4 and (okl.any(axis=1) & ~lane_ok).any():
+                # partially in-range wide stores: write the in-range dwords one by one
+                for j in range(ndw):
+                    sel = okl[:, j]
+                    mem_write(a[sel] + U64(4 * j), data[sel, 4 * j: 4 * j + 4])
+                counters.global_store(a[okl.any(axis=1)], nbytes)
+                return
+            a, data = a[lane_ok], data[lane_ok]
+        if len(a):
+            mem_write(a, data)
+            counters.global_store(a, nbytes)
+    return h
+
+
+def _buffer_atomic(inst, ctx, what, ba, data_op):
+    acc = ctx.acc_offset
+    counters = ctx.counters
+    returns = "sc0" in inst.mods or "glc" in inst.mods
+    drow = row_of(data_op, acc)
+    if what.endswith("_x2"):
+        return None
+    op = ATOMIC32.get(what)
+    if op is None and what != "cmpswap":
+        return None
+
+    def h(w):
+        act = _active(w)
+        addr, ok = ba.in_range(w, 4)
+        sel = act & ok[:, 0]
+        a = addr[sel]
+        if what == "cmpswap":
+            olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, sel], None, cmp=w.v[drow + 1, sel])
+        else:
+            olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, sel], op)
+        if returns:
+            w.v[drow, act] = 0
+            w.v[drow, sel] = olds
+        counters.global_atomic(a, 4)
+    return h
+
+
+# ---- LDS (DS) -----------------------------------------------------------------------------------------
+
+def _lds_store_bytes(w, addrs, data, ctx):
+    size = w.lds_size
+    nbytes = data.shape[1]
+    ok = (addrs >= 0) & (addrs + nbytes <= size)
+    a = addrs[ok].astype(np.int64)
+    if not len(a):
+        return
+    idx = a[:, None] + np.arange(nbytes)
+    w.lds[idx] = data[ok]
+
+
+def _lds_load_bytes(w, addrs, nbytes):
+    size = w.lds_size
+    a = addrs.astype(np.int64)
+    ok = (a >= 0) & (a + nbytes <= size)
+    idx = np.where(ok, a, 0)[:, None] + np.arange(nbytes)
+    data = w.lds[np.minimum(idx, size - 1)] if size else np.zeros((len(a), nbytes), np.uint8)
+    if not ok.all():
+        data = np.where(ok[:, None], data, 0).astype(np.uint8)
+    return data
+
+
+def build_ds(inst, ctx):
+    name = inst.mnemonic
+    ops = [parse_operand(o) for o in inst.operands]
+    acc = ctx.acc_offset
+    counters = ctx.counters
+    offset = int(inst.mods.get("offset", "0"), 0) if not str(inst.mods.get("offset", "0")).startswith("swizzle") else 0
+    if name in ("ds_nop",):
+        return lambda w: None
+    if name == "ds_swizzle_b32":
+        src_lanes = swizzle_source_lanes(inst.mods.get("offset", "0"))
+        drow, srow = row_of(ops[0], acc), row_of(ops[1], acc)
+
+        def h(w):
+            act = _active(w)
+            v = w.v[srow][src_lanes]
+            v = np.where(act[src_lanes], v, U32(0))
+            w.v[drow, act] = v[act]
+        return h
+    if name in ("ds_bpermute_b32", "ds_permute_b32"):
+        drow, arow, srow = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
+        backward = name == "ds_bpermute_b32"
+
+        def h(w):
+            act = _active(w)
+            lane = ((w.v[arow].astype(np.int64) + offset) >> 2) & 63
+            if backward:
+                v = np.where(act[lane], w.v[srow][lane], U32(0))
+                w.v[drow, act] = v[act]
+            else:
+                out = np.zeros(WAVE, U32)
+                src = np.nonzero(act)[0]
+                out[lane[src]] = w.v[srow][src]
+                w.v[drow, act] = out[act]
+        return h
+    m = re.match(r"ds_read_b64_tr_b(4|8|16)$", name)
+    if m:
+        return _ds_read_tr(inst, ctx, ops, offset, int(m.group(1)))
+    m = re.match(r"ds_(read2|write2)(st64)?_b(32|64)$", name)
+    if m:
+        size = int(m.group(3)) // 8
+        scale = size * (64 if m.group(2) else 1)
+        o0 = int(inst.mods.get("offset0", "0"), 0) * scale
+        o1 = int(inst.mods.get("offset1", "0"), 0) * scale
+        ndw = size // 4
+        if m.group(1) == "read2":
+            drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
+
+            def h(w):
+                act = _active(w)
+                base = w.v[arow, act].astype(np.int64)
+                for k, o in enumerate((o0, o1)):
+                    data = _lds_load_bytes(w, base + o, size)
+                    w.v[drow + k * ndw: drow + (k + 1) * ndw, act] = data.view(U32).reshape(-1, ndw).T
+                    counters.lds_access(base + o, size, write=False)
+            return h
+        arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
+
+        def h(w):
+            act = _active(w)
+            base = w.v[arow, act].astype(np.int64)
+            for o, r in ((o0, r0), (o1, r1)):
+                _lds_store_bytes(w, base + o, _rows_to_bytes(w, r, size, act), ctx)
+                counters.lds_access(base + o, size, write=True)
+        return h
+    m = re.match(r"ds_(read|write)_(\w+)$", name)
+    if m and m.group(2) in _SIZES:
+        nbytes, sext, d16 = _SIZES[m.group(2)]
+        if m.group(1) == "read":
+            drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
+
+            def h(w):
+                act = _active(w)
+                a = w.v[arow, act].astype(np.int64) + offset
+                data = _lds_load_bytes(w, a, nbytes)
+                _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
+                counters.lds_access(a, nbytes, write=False)
+            return h
+        arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
+        hi = d16 == "hi"
+
+        def h(w):
+            act = _active(w)
+            a = w.v[arow, act].astype(np.int64) + offset
+            if hi:
+                data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
+            else:
+                data = _rows_to_bytes(w, drow, nbytes, act)
+            _lds_store_bytes(w, a, data, ctx)
+            counters.lds_access(a, nbytes, write=True)
+        return h
+    m = re.match(r"ds_(\w+?)(_rtn)?_(u32|i32|f32|b32|pk_add_bf16|pk_add_f16)$", name)
+    if name in ("ds_pk_add_bf16", "ds_pk_add_f16", "ds_pk_add_rtn_bf16", "ds_pk_add_rtn_f16"):
+        op = ATOMIC32[name.replace("ds_", "").replace("_rtn", "")]
+        rtn = "_rtn" in name
+    elif m:
+        key = f"{m.group(1)}_{m.group(3)}"
+        op = ATOMIC32.get(key) or ATOMIC32.get(m.group(1))
+        rtn = bool(m.group(2)) or m.group(1) == "wrxchg"
+        if m.group(1) == "wrxchg":
+            op = ATOMIC32["swap"]
+            rtn = True
+        if op is None and m.group(1) not in ("cmpst", "cmpswap"):
+            return None
+    else:
+        return None
+    if rtn:
+        drow, arow, vrow = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
+    else:
+        drow, arow, vrow = None, row_of(ops[0], acc), row_of(ops[1], acc)
+
+    def h(w):
+        act = _active(w)
+        a = w.v[arow, act].astype(np.int64) + offset
+        lds32 = w.lds
+
+        def rd(x):
+            return int(lds32[x: x + 4].view(U32)[0]) if 0 <= x and x + 4 <= w.lds_size else 0
+
+        def wr(x, v):
+            if 0 <= x and x + 4 <= w.lds_size:
+                lds32[x: x + 4].view(U32)[0] = v
+        olds = _atomic_rmw(rd, wr, a, w.v[vrow, act], op)
+        if drow is not None:
+            w.v[drow, act] = olds
+        counters.lds_access(a, 4, write=True)
+    return h
+
+
+def _ds_read_tr(inst, ctx, ops, offset, bits):
+    """ds_read_b64_tr_b16 (gfx950): a transposing LDS read for MFMA operands.
+
+    UNSURE model (checked against FlyDSL GEMMs run in the emulator): within each block of 16 lanes, every
+    lane supplies the address of a 64-bit row chunk; the block's 16 rows x 64 bits form a matrix of
+    elements that is handed out column-wise, so lane i of the block receives element i%(64/bits)... per
+    the layout below.
+    """
+    acc = ctx.acc_offset
+    counters = ctx.counters
+    drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
+    per_lane = 64 // bits          # elements each lane loads/receives
+
+    def h(w):
+        act = _active(w)
+        a = w.v[arow].astype(np.int64) + offset
+        data = _lds_load_bytes(w, a, 8)                   # (64, 8) bytes: row chunk per lane
+        if bits == 16:
+            el = data.view(np.uint16).reshape(4, 16, per_lane)   # [block][lane in block][element]
+        elif bits == 8:
+            el = data.reshape(4, 16, per_lane)
+        else:
+            raise NotImplementedError("ds_read_b64_tr_b4")
+        # Within a block: treat the 16 lanes as groups of `per_lane` lanes. Lane i (in block) receives
+        # element e = i % ... : result[g*per_lane + j][k] = el[g'...]. Implemented as a transpose of each
+        # (per_lane x per_lane) sub-square of the 16 x per_lane block (groups of per_lane lanes).
+        out = np.empty_like(el)
+        for g in range(16 // per_lane):
+            sq = el[:, g * per_lane:(g + 1) * per_lane, :]          # [blk][lane j][elem k]
+            out[:, g * per_lane:(g + 1) * per_lane, :] = sq.transpose(0, 2, 1)
+        res = np.ascontiguousarray(out).reshape(64, 8).view(U32) if bits == 8 else \
+            np.ascontiguousarray(out).reshape(64, per_lane).view(U32)
+        w.v[drow: drow + 2, act] = res[act].T
+        counters.lds_access(a[act], 8, write=False)
+    return h

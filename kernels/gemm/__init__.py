@@ -1,0 +1,1 @@
+"""GEMM kernels (MXFP8 linear layers with preshuffled weights)."""

@@ -1,0 +1,111 @@
+"""Host code shared by the MXFP8 GEMM packages gemm/mxfp8_n<N>_k<K> (one package per weight shape).
+
+Each package's kernel.py lists its tiers (tile and split-K per token range) and builds `VARIANTS`; this module
+checks arguments, allocates the output (and the split-K partials), picks the tier by token count, and
+registers the entry as the torch custom op torch.ops.amd_kernels.<shape token>_mxfp8_gemm.
+
+(No `from __future__ import annotations`: torch.library reads the entry's annotations as types.)
+"""
+
+from types import SimpleNamespace
+
+import torch
+
+from amd_kernels import host, warm_up
+from amd_kernels.gemm import mxfp8_gemm
+
+DECODE_MAX_TOKENS = 512  # the largest CUDA-graph capture size
+
+
+def _stream(t: torch.Tensor):
+    return torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
+
+
+def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_variants: dict) -> SimpleNamespace:
+    """`tiers`: name -> mxfp8_gemm.Tier in increasing max_tokens order (the last serves any M)."""
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+    ordered = list(tiers.items())
+    KB, STEPS = K // 32, mxfp8_gemm.steps(K)
+
+    def tier_of(tokens: int) -> str:
+        for name, t in ordered:
+            if tokens <= t.max_tokens:
+                return name
+        return ordered[-1][0]
+
+    modes = {
+        "decode": sorted({tier_of(m) for m in range(1, DECODE_MAX_TOKENS + 1)}),
+        "prefill": [ordered[-1][0]],
+    }
+
+    def mode_of(x, *args, **kwargs) -> str:
+        tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
+        return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+
+    def check(x, x_scales, w_packed, w_scales_packed, bias) -> int:
+        host.check_tensor("x", x, dtype=torch.float8_e4m3fn, shape=(None, K))
+        tokens = x.shape[0]
+        host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x)
+        host.check_tensor("w_packed", w_packed, dtype=torch.float8_e4m3fn, shape=(N // 16, K // 64, 1024), like=x)
+        host.check_tensor("w_scales_packed", w_scales_packed, dtype=torch.uint8, shape=(N // 16, STEPS, 64),
+                          like=x)
+        host.check_tensor("bias", bias, dtype=torch.bfloat16, shape=(N,), like=x)
+        return tokens
+
+    @warm_up.entry(table, modes, mode_of)
+    def mxfp8_gemm_entry(
+        x: torch.Tensor, x_scales: torch.Tensor, w_packed: torch.Tensor, w_scales_packed: torch.Tensor,
+        bias: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens = check(x, x_scales, w_packed, w_scales_packed, bias)
+        out = torch.empty((tokens, N), dtype=torch.bfloat16, device=x.device)
+        if tokens:
+            name = tier_of(tokens)
+            fn = table[name]
+            s = mxfp8_gemm.splits(K, tiers[name])
+            if s > 1:
+                partials = torch.empty((s, tokens, N), dtype=torch.float32, device=x.device)
+                fn(x, x_scales, w_packed, w_scales_packed, bias, out, partials, tokens, _stream(x))
+            else:
+                fn(x, x_scales, w_packed, w_scales_packed, bias, out, tokens, _stream(x))
+        return out
+
+    mxfp8_gemm_entry.__name__ = "mxfp8_gemm"
+
+    def fake(x, x_scales, w_packed, w_scales_packed, bias):
+        return torch.empty((x.shape[0], N), dtype=torch.bfloat16, device=x.device)
+
+    def prepare(inputs: dict) -> dict:
+        """Reference inputs (checkpoint layout) -> entry inputs (packed weights); run once at load time."""
+        w_packed, w_scales_packed = mxfp8_gemm.prepare_weights(inputs["w"], inputs["w_scales"])
+        return {"x": inputs["x"], "x_scales": inputs["x_scales"], "w_packed": w_packed,
+                "w_scales_packed": w_scales_packed, "bias": inputs["bias"]}
+
+    return SimpleNamespace(
+        VARIANTS=table,
+        tier_of=tier_of,
+        prepare=prepare,
+        mxfp8_gemm=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, fake),
+    )
+
+
+def variants(N: int, K: int, shape_token: str, tiers: dict) -> dict:
+    """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up."""
+    import flydsl.expr as fx
+
+    out = {}
+    for name, tier in tiers.items():
+        launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier)
+        s = mxfp8_gemm.splits(K, tier)
+
+        def example(m: int = 1, s=s):
+            args = [torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),
+                    torch.zeros(N // 16, K // 64, 1024, dtype=torch.float8_e4m3fn),
+                    torch.zeros(N // 16, mxfp8_gemm.steps(K), 64, dtype=torch.uint8),
+                    torch.zeros(N, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16)]
+            if s > 1:
+                args.append(torch.zeros(s, m, N, dtype=torch.float32))
+            return (*args, m, fx.Stream(None))
+
+        out[name] = (launcher, example)
+    return out

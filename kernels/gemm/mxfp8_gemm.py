@@ -1,0 +1,224 @@
+"""MXFP8 x MXFP8 GEMM with preshuffled weights, y[M, N] = x @ w^T + bias (bf16 out, fp32 accumulation).
+
+Shared by the packages gemm/mxfp8_n<N>_k<K>: `build(N, K, tiers)` returns the FlyDSL launchers of one
+shape, one per tier. The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
+`prepare_weights` below (run once at load time).
+
+Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N, K], w_scales [N, K/32]):
+- w_packed  float8_e4m3fn [N/16, K/64, 1024]: for N block b (16 output features) and 64-K slab u, byte
+  1024-chunk [g 4][r 16][j 16] = w[16b + r, 64u + 16g + j]. The 16-byte vector of lane l = 16g + r is one
+  half of that lane's FP8 MFMA operand (slab 2s = "lo", 2s + 1 = "hi" of 128-K step s), so a wave loads
+  each half as one contiguous, fully coalesced 1 KiB `buffer_load_dwordx4`. No padding: K = 2880 has 45
+  slabs; step 22's "hi" slab would be slab 45, which lies past the block's bytes and reads as zeros.
+- w_scales_packed uint8 [N/16, ceil(K/128), 64]: byte l of step s of block b = w_scales[16b + r, 4s + g]
+  (0 where 4s + g >= K/32: multiplies only zero data), i.e. the scale VGPR byte of lane l for that MFMA.
+
+Kernel (one wave per workgroup, no LDS, no scratch):
+- The wave owns an output tile of 16*mc tokens x 16*nb features and a K range of `sps` MFMA steps. The MFMA
+  computes D = W_tile (A operand, 16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are
+  4 consecutive features of one token: the epilogue stores 8 bytes of bf16 (or 16 bytes of fp32 partials).
+- Activations (row-major [M, K], the RMSNorm-quant / quant output as is): lane (g, r) loads the two 16-byte
+  halves of token row r with `buffer_load_dwordx4`; its scale byte x_scales[row, 4s + g] with one
+  `buffer_load_ubyte` (rows are K/32 bytes, not 4-byte aligned). Offsets at k >= K (the K tail's missing
+  half, and empty steps of the last split) are pushed out of range, so they read zeros: never a byte of the
+  next row (which may be a garbage padding row holding NaN codes). Rows >= M read zeros and store nothing.
+- Split-K (grid y = split): each split writes fp32 partials [S, M, N]; `reduce` sums them in split order
+  0, 1, ..., S-1, adds the bias and rounds to bf16 once. No atomics. S = 1 adds the bias and stores bf16
+  directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+from flydsl.expr import range_constexpr
+
+from amd_kernels.common import bf16, buffer, mx_gemm
+
+LANES = 64
+OOB = 0x7FFFFFF0  # a byte offset past every descriptor built here (all are < 2 GiB)
+REDUCE_THREADS = 256
+REDUCE_VEC = 8  # fp32 partials per thread: two 16-byte loads per split, one 16-byte bf16 store
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One compiled variant: tile 16*mc tokens x 16*nb features per wave, `sps` 128-K steps per split."""
+
+    max_tokens: int  # the tier serves M <= max_tokens (the last tier any M)
+    mc: int
+    nb: int
+    sps: int
+
+
+def steps(k: int) -> int:
+    return -(-k // mx_gemm.STEP_K)
+
+
+def splits(k: int, tier: Tier) -> int:
+    return -(-steps(k) // tier.sps)
+
+
+def _bf16x4_to_f32(v_i32x2):
+    """Vector 2 x i32 holding 4 bf16 -> Vector 4 x f32 (exact)."""
+    lo = v_i32x2 << 16
+    hi = v_i32x2 & fx.Int32(-65536)
+    return lo.shuffle(hi, [0, 2, 1, 3]).bitcast(fx.Float32)
+
+
+def build(N: int, K: int, name: str, tier: Tier):
+    """Launcher(s) of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, [partials,] m)`."""
+    assert N % 16 == 0 and K % mx_gemm.HALF_K == 0
+    mc, nb, sps = tier.mc, tier.nb, tier.sps
+    STEPS = steps(K)
+    S = splits(K, tier)
+    KB = K // 32
+    tile_m = 16 * mc
+    tile_n = 16 * nb
+    assert N % tile_n == 0, f"N {N} is not a multiple of the tile width {tile_n}"
+    n_tiles = N // tile_n
+    guard_k = (K % mx_gemm.STEP_K != 0) or (S * sps != STEPS)  # some (lane, step) has k >= K
+    split = S > 1
+
+    def body(x, xs, w, ws, bias, out, part, m):
+        tid = fx.thread_idx.x
+        lane = tid % LANES
+        g = lane // 16
+        r = lane % 16
+        nt = fx.block_idx.x
+        sp = fx.block_idx.y if split else None
+        mt = fx.block_idx.z
+
+        x_rsrc = buffer.tensor_resource(x, fx.Int64(m) * K)
+        xs_rsrc = buffer.tensor_resource(xs, fx.Int64(m) * KB)
+        w_base = fx.get_iter(w)
+        ws_base = fx.get_iter(ws)
+        w_rsrc, ws_rsrc = [], []
+        for j in range_constexpr(nb):
+            blk = nt * nb + j
+            w_rsrc.append(buffer.rocdl.get_buffer_rsrc(buffer.rocdl.make_buffer_ptr(
+                fx.add_offset(w_base, fx.Int64(blk) * (16 * K)), num_records_bytes=fx.Int64(16 * K))))
+            ws_rsrc.append(buffer.rocdl.get_buffer_rsrc(buffer.rocdl.make_buffer_ptr(
+                fx.add_offset(ws_base, fx.Int64(blk) * (STEPS * LANES)),
+                num_records_bytes=fx.Int64(STEPS * LANES))))
+
+        rows = [mt * tile_m + 16 * c + r for c in range_constexpr(mc)]
+        accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
+        oob = fx.Int32(OOB)
+        for i in range_constexpr(sps):
+            s = sp * sps + i if split else i  # 128-K step (runtime when split)
+            xops, xsc = [], []
+            k_lo = s * mx_gemm.STEP_K + g * 16
+            k_hi = k_lo + mx_gemm.HALF_K
+            kb = s * 4 + g
+            for c in range_constexpr(mc):
+                base = rows[c] * K
+                off_lo = base + k_lo
+                off_hi = base + k_hi
+                off_sc = rows[c] * KB + kb
+                if guard_k:
+                    off_lo = (k_lo < K).select(off_lo, oob)
+                    off_hi = (k_hi < K).select(off_hi, oob)
+                    off_sc = (kb < KB).select(off_sc, oob)
+                xops.append(mx_gemm.operand(buffer.load_x4(x_rsrc, off_lo), buffer.load_x4(x_rsrc, off_hi)))
+                xsc.append(mx_gemm.load_u8(xs_rsrc, off_sc))
+            wops, wsc = [], []
+            for j in range_constexpr(nb):
+                w_lo = buffer.load_x4(w_rsrc[j], (2 * s) * 1024 + lane * 16)
+                w_hi = buffer.load_x4(w_rsrc[j], (2 * s + 1) * 1024 + lane * 16)
+                wops.append(mx_gemm.operand(w_lo, w_hi))
+                wsc.append(mx_gemm.load_u8(ws_rsrc[j], s * LANES + lane))
+            for j in range_constexpr(nb):
+                for c in range_constexpr(mc):
+                    accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
+
+        if split:
+            p_rsrc = buffer.tensor_resource(part, fx.Int64(m) * (S * N * 4))
+            for j in range_constexpr(nb):
+                n0 = (nt * nb + j) * 16 + g * 4
+                for c in range_constexpr(mc):
+                    off = ((sp * m + rows[c]) * N + n0) * 4
+                    off = (rows[c] < m).select(off, oob)  # a padded tile row must not hit split sp+1's rows
+                    buffer.store(accs[j * mc + c].bitcast(fx.Int32), p_rsrc, off)
+        else:
+            b_rsrc = buffer.tensor_resource(bias, N * 2)
+            o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (N * 2))
+            for j in range_constexpr(nb):
+                n0 = (nt * nb + j) * 16 + g * 4
+                b = _bf16x4_to_f32(buffer.load_x2(b_rsrc, n0 * 2))
+                for c in range_constexpr(mc):
+                    y = (accs[j * mc + c] + b).to(fx.BFloat16).bitcast(fx.Int32)
+                    off = (rows[c] < m).select((rows[c] * N + n0) * 2, oob)
+                    buffer.store(y, o_rsrc, off)
+
+    kw = {"known_block_size": [LANES, 1, 1]}
+
+    def grid(m):
+        return (n_tiles, S, (m + (tile_m - 1)) // tile_m)
+
+    if not split:
+
+        @flyc.kernel(name=f"mxfp8_gemm_{name}", **kw)
+        def k_gemm(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, bias: fx.Tensor, out: fx.Tensor,
+                   m: fx.Int32):
+            body(x, xs, w, ws, bias, out, None, m)
+
+        @flyc.jit
+        def gemm(x: fx.Tensor, x_scales: fx.Tensor, w_packed: fx.Tensor, w_scales_packed: fx.Tensor,
+                 bias: fx.Tensor, out: fx.Tensor, m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+            k_gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m).launch(
+                grid=grid(m), block=(LANES, 1, 1), stream=stream)
+
+        return gemm
+
+    @flyc.kernel(name=f"mxfp8_gemm_{name}", **kw)
+    def k_gemm_split(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, part: fx.Tensor, m: fx.Int32):
+        body(x, xs, w, ws, None, None, part, m)
+
+    @flyc.kernel(name=f"mxfp8_gemm_reduce_{name}", known_block_size=[REDUCE_THREADS, 1, 1])
+    def k_reduce(part: fx.Tensor, bias: fx.Tensor, out: fx.Tensor, m: fx.Int32):
+        e0 = (fx.block_idx.x * REDUCE_THREADS + fx.thread_idx.x) * REDUCE_VEC  # flat [m, N] index
+        total = m * N
+        p_rsrc = buffer.tensor_resource(part, fx.Int64(total) * (S * 4))
+        acc = None
+        for s in range_constexpr(S):  # fixed order: split 0 first
+            off = (s * total + e0) * 4
+            lo = buffer.load_x4(p_rsrc, off).bitcast(fx.Float32)
+            hi = buffer.load_x4(p_rsrc, off + 16).bitcast(fx.Float32)
+            v = lo.shuffle(hi, list(range(8)))
+            acc = v if acc is None else acc + v
+        b = bf16.unpack(buffer.load_x4(buffer.tensor_resource(bias, N * 2), (e0 % N) * 2))
+        y = bf16.pack(acc + b)
+        buffer.store(y, buffer.tensor_resource(out, fx.Int64(total) * 2), e0 * 2)
+
+    @flyc.jit
+    def gemm_split(x: fx.Tensor, x_scales: fx.Tensor, w_packed: fx.Tensor, w_scales_packed: fx.Tensor,
+                   bias: fx.Tensor, out: fx.Tensor, partials: fx.Tensor, m: fx.Int32,
+                   stream: fx.Stream = fx.Stream(None)):
+        k_gemm_split(x, x_scales, w_packed, w_scales_packed, partials, m).launch(
+            grid=grid(m), block=(LANES, 1, 1), stream=stream)
+        per_block = REDUCE_THREADS * REDUCE_VEC
+        k_reduce(partials, bias, out, m).launch(
+            grid=((m * N + (per_block - 1)) // per_block, 1, 1), block=(REDUCE_THREADS, 1, 1), stream=stream)
+
+    return gemm_split
+
+
+def prepare_weights(w: torch.Tensor, w_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checkpoint (w fp8 [N, K], w_scales u8 [N, K/32]) -> (w_packed [N/16, K/64, 1024], w_scales_packed
+    [N/16, ceil(K/128), 64]) in the layout above. Pure torch; run once when the weights are loaded."""
+    n, k = w.shape
+    if w.dtype != torch.float8_e4m3fn or n % 16 or k % mx_gemm.HALF_K:
+        raise ValueError(f"w: expected float8_e4m3fn [N % 16 == 0, K % 64 == 0], got {w.dtype} {list(w.shape)}")
+    if w_scales.dtype != torch.uint8 or tuple(w_scales.shape) != (n, k // 32):
+        raise ValueError(f"w_scales: expected uint8 [{n}, {k // 32}], got {w_scales.dtype} {list(w_scales.shape)}")
+    wb = w.view(torch.uint8).reshape(n // 16, 16, k // 64, 4, 16).permute(0, 2, 3, 1, 4)
+    w_packed = wb.contiguous().reshape(n // 16, k // 64, 1024).view(torch.float8_e4m3fn)
+    st = steps(k)
+    sc = torch.zeros(n, st * 4, dtype=torch.uint8, device=w_scales.device)
+    sc[:, : k // 32] = w_scales
+    sp = sc.reshape(n // 16, 16, st, 4).permute(0, 2, 3, 1)  # [block, step, g, r]
+    return w_packed, sp.contiguous().reshape(n // 16, st, 64)

@@ -1,0 +1,24 @@
+"""MXFP8 GEMM for weight shape N = 2880, K = 4096 (gpt-oss-120b attention output projection, TP1) on MI355X: tiers and VARIANTS.
+
+The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the contract is
+references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
+- M <= 64: one token tile, 64 features per wave, split-K 8 (4 steps each): 45 x 8 = 360 workgroups.
+- 64 < M <= 512: 64 x 64 tiles, split-K 2: 45 x 2 x ceil(M/64) (360 at M = 256).
+- M > 512: 64 x 64 tiles, no split.
+"""
+
+from amd_kernels.gemm import mxfp8_entries
+from amd_kernels.gemm.mxfp8_gemm import Tier
+
+N = 2880
+K = 4096
+SHAPE_TOKEN = "mxfp8_n2880_k4096"
+TIERS = {
+    "m16": Tier(16, mc=1, nb=4, sps=4),
+    "m32": Tier(32, mc=2, nb=4, sps=4),
+    "m48": Tier(48, mc=3, nb=4, sps=4),
+    "m64": Tier(64, mc=4, nb=4, sps=4),
+    "mid": Tier(512, mc=4, nb=4, sps=16),
+    "prefill": Tier(1 << 31, mc=4, nb=4, sps=32),
+}
+VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

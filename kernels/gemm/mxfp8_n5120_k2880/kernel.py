@@ -1,0 +1,23 @@
+"""MXFP8 GEMM for weight shape N = 5120, K = 2880 (gpt-oss-120b QKV projection, TP1) on MI355X: tiers and VARIANTS.
+
+The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the contract is
+references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
+- M <= 64: one token tile of 16*mc rows, 64 features per wave, split-K 4 (6 of the 23 steps each):
+  80 x 4 = 320 workgroups.
+- M > 64: 64 x 64 tiles, no split: 80 x ceil(M/64) workgroups (320 at M = 256).
+"""
+
+from amd_kernels.gemm import mxfp8_entries
+from amd_kernels.gemm.mxfp8_gemm import Tier
+
+N = 5120
+K = 2880
+SHAPE_TOKEN = "mxfp8_n5120_k2880"
+TIERS = {
+    "m16": Tier(16, mc=1, nb=4, sps=6),
+    "m32": Tier(32, mc=2, nb=4, sps=6),
+    "m48": Tier(48, mc=3, nb=4, sps=6),
+    "m64": Tier(64, mc=4, nb=4, sps=6),
+    "large": Tier(1 << 31, mc=4, nb=4, sps=23),
+}
+VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)
