@@ -220,7 +220,11 @@ def test_packed_f32_op_sel_hi_and_packed_f16():
       v_pk_add_f32 v[12:13], v[2:3], v[2:3] op_sel:[1,0] op_sel_hi:[0,1]
       v_pk_add_f16 v14, v4, v4
       v_pk_fma_f32 v[16:17], v[2:3], v[2:3], v[2:3] neg_lo:[1,0,0]
+      v_pk_mov_b32 v[18:19], v[2:3], v[4:5] op_sel:[1,0]
     """, vin=[a, b, hb])
+    # v_pk_mov_b32: D.lo = src0[op_sel[0]], D.hi = src1[op_sel[1]] (settled by FlyDSL's fp8 GEMM epilogue)
+    np.testing.assert_array_equal(r.f(18), b)
+    np.testing.assert_array_equal(r.v(19), hb)
     np.testing.assert_array_equal(r.f(10), a * a)
     np.testing.assert_array_equal(r.f(11), a * b)
     np.testing.assert_array_equal(r.f(12), b + a)

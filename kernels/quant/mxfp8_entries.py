@@ -1,0 +1,44 @@
+"""Host code shared by the quant/mxfp8_k<K> packages: checks, tier by token count, the custom op
+torch.ops.amd_kernels.<shape token>_mxfp8_quant.
+
+(No `from __future__ import annotations`: torch.library reads the entry's annotations as types.)
+"""
+
+from types import SimpleNamespace
+
+import torch
+
+from amd_kernels import host, warm_up
+from amd_kernels.quant.mxfp8_rows import DECODE_MAX_TOKENS
+
+
+def tier(tokens: int) -> str:
+    return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+
+
+def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> SimpleNamespace:
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+    modes = {t: [t] for t in ("decode", "prefill")}
+
+    def mode_of(x, *args, **kwargs) -> str:
+        return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
+
+    def outputs(x):
+        return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+                torch.empty((x.shape[0], K // 32), dtype=torch.uint8, device=x.device))
+
+    @warm_up.entry(table, modes, mode_of)
+    def mxfp8_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, K))
+        q, scales = outputs(x)
+        tokens = x.shape[0]
+        if tokens:
+            stream = torch.cuda.current_stream(x.device) if x.device.type == "cuda" else None
+            table[tier(tokens)](x, q, scales, tokens, stream)
+        return q, scales
+
+    def fake(x):
+        return outputs(x)
+
+    return SimpleNamespace(VARIANTS=table,
+                           mxfp8_quant=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, fake))
