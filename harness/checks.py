@@ -105,10 +105,12 @@ def _rows_owned(records, tokens: int) -> torch.Tensor:
     """Rows whose workgroups ran in every launch (workgroup x owns rows [x*r, (x+1)*r))."""
     owned = torch.ones(tokens, dtype=torch.bool)
     for rec in records:
+        if rec.workgroups_executed is None:  # every workgroup ran
+            continue
         grid_x = rec.grid[0]
         per_wg = -(-tokens // grid_x)
         ran = torch.zeros(tokens, dtype=torch.bool)
-        for wg in rec.executed_workgroups:
+        for wg in rec.workgroups_executed:
             ran[wg[0] * per_wg: (wg[0] + 1) * per_wg] = True
         owned &= ran
     return owned

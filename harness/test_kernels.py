@@ -83,27 +83,32 @@ def test_opcheck(shape):
     """The entry is a well-formed torch custom op (schema, fake tensor, dispatch)."""
     _, entry = _entry(shape)
     entry.warm_up()
-    torch.library.opcheck(entry, kwargs=_inputs(shape, 2, 1))
+    torch.library.opcheck(entry, (), kwargs=_inputs(shape, 2, 1))
 
 
 def _bad_variants(inputs: dict):
-    """(argument name, broken inputs) pairs: wrong dtype, wrong shape, non-contiguous, wrong device."""
+    """(argument name, what is wrong, broken inputs): wrong dtype, wrong shape, non-contiguous."""
     for name, t in inputs.items():
         if not isinstance(t, torch.Tensor):
             continue
         wrong_dtype = torch.float32 if t.dtype != torch.float32 else torch.bfloat16
         yield name, "dtype", {**inputs, name: t.to(wrong_dtype)}
-        yield name, "shape", {**inputs, name: t.reshape(-1)[: t.numel() - 32].reshape(-1) if t.dim() == 1
-                              else t[:, :-32]}
+        yield name, "shape", {**inputs, name: t[..., :-32]}
         doubled = torch.cat([t, t], dim=-1)
         yield name, "contiguous", {**inputs, name: doubled[..., ::2]}
-        yield name, "device", {**inputs, name: t.to("meta")}
 
 
 @pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
-def test_bad_input_names_the_argument(shape):
+def test_bad_input_names_the_argument(shape, monkeypatch):
     _, entry = _entry(shape)
-    for name, what, broken in _bad_variants(_inputs(shape, 2, 2)):
+    inputs = _inputs(shape, 2, 2)
+    for name, what, broken in _bad_variants(inputs):
         with pytest.raises((TypeError, ValueError)) as err:
             entry(**broken)
         assert name in str(err.value), f"{what} error for {name} does not name it: {err.value}"
+    # A tensor on the host: on a GPU, move one; under the emulator, host tensors stop being accepted.
+    if devices.current().emulated:
+        monkeypatch.delenv(devices.DEVICE_ENV)
+    first = next(n for n, t in inputs.items() if isinstance(t, torch.Tensor))
+    with pytest.raises(ValueError, match=f"^{first}: .*device"):
+        entry(**{**inputs, first: inputs[first].cpu()})

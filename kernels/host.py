@@ -62,3 +62,9 @@ def custom_op(qualname: str, impl: Callable, fake: Callable):
     for attr in ("warm_up", "modes", "table"):
         setattr(op, attr, getattr(impl, attr))
     return op
+
+
+def stream_of(t: torch.Tensor):
+    """The stream a launch must use: torch's current stream on the GPU (so CUDA-graph capture records
+    it), none under the emulator. Compiled FlyDSL functions take it as their last argument."""
+    return torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None

@@ -108,12 +108,13 @@ def launches():
 
 
 @contextlib.contextmanager
-def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0):
+def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, execute=True):
     """Launch options for the block: a seeded workgroup order, and/or a seeded sample of N workgroups
-    (the LaunchRecord lists the executed workgroup ids so callers check only those tiles)."""
+    (the LaunchRecord lists the executed workgroup ids so callers check only those tiles); execute=False
+    takes every launch through FlyDSL and the HIP substitute but runs no kernel code."""
     opts = dict(runtime.current_options())
     opts.update(workgroup_order_seed=workgroup_order_seed, workgroup_sample=workgroup_sample,
-                sample_seed=sample_seed)
+                sample_seed=sample_seed, execute=execute)
     runtime._options_stack.append(opts)
     try:
         yield opts

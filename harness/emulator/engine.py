@@ -145,9 +145,12 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
     sampled = None
     n_sample = options.get("workgroup_sample")
     if n_sample is not None and n_sample < len(ids):
-        pick = sorted(random.Random(options.get("sample_seed", 0)).sample(range(len(ids)), n_sample))
-        ids = [ids[i] for i in pick]
-        sampled = list(ids)
+        # The sample depends on sample_seed only (not on the order), so runs in other orders check the
+        # same tiles; the chosen workgroups then run in the seeded order.
+        natural = sorted(ids, key=lambda i: (i[2], i[1], i[0]))
+        chosen = {natural[i] for i in random.Random(options.get("sample_seed", 0)).sample(range(len(ids)), n_sample)}
+        ids = [i for i in ids if i in chosen]
+        sampled = sorted(chosen, key=lambda i: (i[2], i[1], i[0]))
     threads = block[0] * block[1] * block[2]
     n_waves = (threads + WAVE - 1) // WAVE
     hits = [0] * len(program.table)

@@ -51,7 +51,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         tokens = check(x, weight)
         out = torch.empty_like(x)
         if tokens:
-            table[f"rmsnorm.{tier(tokens)}"](x, weight, out, tokens, eps)
+            table[f"rmsnorm.{tier(tokens)}"](x, weight, out, tokens, eps, host.stream_of(x))
         return out
 
     @warm_up.entry(table, modes("fused_add_rmsnorm"), mode_of)
@@ -61,7 +61,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         tokens = check(x, weight, residual)
         out, residual_out = torch.empty_like(x), torch.empty_like(x)
         if tokens:
-            table[f"fused_add_rmsnorm.{tier(tokens)}"](x, residual, weight, out, residual_out, tokens, eps)
+            table[f"fused_add_rmsnorm.{tier(tokens)}"](x, residual, weight, out, residual_out, tokens, eps, host.stream_of(x))
         return out, residual_out
 
     @warm_up.entry(table, modes("rmsnorm_mxfp8"), mode_of)
@@ -69,7 +69,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         tokens = check(x, weight)
         q, scales = mx_outputs(x)
         if tokens:
-            table[f"rmsnorm_mxfp8.{tier(tokens)}"](x, weight, q, scales, tokens, eps)
+            table[f"rmsnorm_mxfp8.{tier(tokens)}"](x, weight, q, scales, tokens, eps, host.stream_of(x))
         return q, scales
 
     @warm_up.entry(table, modes("fused_add_rmsnorm_mxfp8"), mode_of)
@@ -80,7 +80,9 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         q, scales = mx_outputs(x)
         residual_out = torch.empty_like(x)
         if tokens:
-            table[f"fused_add_rmsnorm_mxfp8.{tier(tokens)}"](x, residual, weight, q, scales, residual_out, tokens, eps)
+            table[f"fused_add_rmsnorm_mxfp8.{tier(tokens)}"](
+                x, residual, weight, q, scales, residual_out, tokens, eps, host.stream_of(x)
+            )
         return q, scales, residual_out
 
     def fake_rmsnorm(x, weight, eps):

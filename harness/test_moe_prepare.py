@@ -1,0 +1,65 @@
+"""MoE weight preparation: the prepared (sharded, padded, preshuffled) weights hold exactly the
+checkpoint's codes and scale bytes: at TP8 the 32-element scale blocks that straddle shard edges are
+split by zeroing the other rank's codes, never by requantizing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import importer
+
+importer.expose_amd_kernels()
+
+from amd_kernels.moe import prepare as P  # noqa: E402
+from references import moe as R  # noqa: E402
+
+E, H, I = 2, 2880, 2880
+
+
+@pytest.fixture(scope="module")
+def checkpoint():
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        w13_blocks=torch.randint(0, 256, (E, 2 * I, H // 2), dtype=torch.uint8, generator=g),
+        w13_scales=torch.randint(100, 140, (E, 2 * I, H // 32), dtype=torch.uint8, generator=g),
+        w13_bias=torch.randn(E, 2 * I, generator=g).bfloat16(),
+        w2_blocks=torch.randint(0, 256, (E, H, I // 2), dtype=torch.uint8, generator=g),
+        w2_scales=torch.randint(100, 140, (E, H, I // 32), dtype=torch.uint8, generator=g),
+        w2_bias=torch.randn(E, H, generator=g).bfloat16(),
+    )
+
+
+@pytest.mark.parametrize("tp,rank", [(1, 0)] + [(8, r) for r in range(8)])
+@pytest.mark.parametrize("activation", ["gptoss", "swiglu"])
+def test_sharding_is_exact(checkpoint, tp, rank, activation):
+    p = P.prepare_weights(**checkpoint, activation=activation, tp_size=tp, tp_rank=rank)
+    start, end, lo, hi = P.shard_span(I, tp, rank)
+    ip = P.padded_intermediate(I, tp)
+    assert ip == (2944 if tp == 1 else 384)
+    w13 = R.mxfp4_dequantize(checkpoint["w13_blocks"], checkpoint["w13_scales"])
+    w2 = R.mxfp4_dequantize(checkpoint["w2_blocks"], checkpoint["w2_scales"])
+    c13, s13 = P.unshuffle_b(p["w13"], p["w13_scale"], H)
+    c2, s2 = P.unshuffle_b(p["w2"], p["w2_scale"], ip)
+    d13 = R.mxfp4_dequantize(c13, s13).reshape(E, ip // 32, 2, 32, H)
+    gate, up = d13[:, :, 0].reshape(E, ip, H), d13[:, :, 1].reshape(E, ip, H)
+    cols = torch.arange(lo, lo + ip)
+    live = (cols >= start) & (cols < end)
+    gr, ur = (2 * cols[live], 2 * cols[live] + 1) if activation == "gptoss" else (cols[live], cols[live] + I)
+    assert torch.equal(gate[:, live], w13[:, gr]) and torch.equal(up[:, live], w13[:, ur])
+    assert not gate[:, ~live].any() and not up[:, ~live].any()
+    d2 = R.mxfp4_dequantize(c2, s2)
+    assert torch.equal(d2[:, :, live], w2[:, :, cols[live]]) and not d2[:, :, ~live].any()
+    # Scale bytes are copied, not recomputed: each prepared w2 block carries its checkpoint block's byte.
+    nblk = min(hi, I) // 32 - lo // 32
+    assert torch.equal(s2[:, :, :nblk], checkpoint["w2_scales"][:, :, lo // 32: lo // 32 + nblk])
+    bias13 = p["w13_bias"].reshape(E, ip // 32, 2, 32)[:, :, 0].reshape(E, ip)
+    assert torch.equal(bias13[:, live], checkpoint["w13_bias"][:, gr].float())
+    assert torch.equal(p["w2_bias"], checkpoint["w2_bias"].float() if rank == 0 else torch.zeros(E, H))
+
+
+def test_shard_spans_fit_384():
+    spans = [P.shard_span(2880, 8, r) for r in range(8)]
+    assert [s[:2] for s in spans] == [(360 * r, 360 * (r + 1)) for r in range(8)]
+    assert max(hi - lo for _, _, lo, hi in spans) == 384
+    assert R.shard_columns(2880, 8, 1) == P.shard_span(2880, 8, 1)
