@@ -4,16 +4,25 @@
 - bitwise determinism: a second run gives the same bytes (under the emulator, with another workgroup order);
 - padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged;
 - no compile after warm-up (compile_watch records every FlyDSL trace).
-On the emulator, large launches of kernels whose workgroups each own a block of rows execute a seeded
-sample of workgroups; then only the rows those workgroups own are checked, and the result says so.
+On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
+`workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample
+of workgroups; then only the rows those workgroups own ("rows") or exactly the output bytes they stored
+("tiles", from each LaunchRecord's stored intervals) are checked, and the result says so.
+
+On the emulator every run is also sanitized (harness/emulator/sanitizer.py): missing s_waitcnt, MFMA results
+read too early, LDS races between waves, accesses outside the tensors the entry receives or creates, and
+reads of never-written bytes of fresh tensors raise SanitizerReport and fail the case. The determinism run
+uses another workgroup order and another seeded wave interleaving.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import zlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from harness import device as devices
@@ -21,6 +30,9 @@ from references import OPS, cosine
 
 # On the emulator, launches with more workgroups than this run a sample of this many.
 EMULATOR_SAMPLE_WORKGROUPS = 16
+# Sanitizer detectors the harness runs with (AMD_KERNELS_SANITIZE=0 turns them off, for timing only).
+SANITIZE = os.environ.get("AMD_KERNELS_SANITIZE", "1") != "0"
+SAMPLED_KINDS = ("rows", "tiles")
 
 
 def seed_of(*parts) -> int:
@@ -68,6 +80,7 @@ class CaseResult:
     rows_checked: int = 0
     rows_real: int = 0
     sampled: bool = False
+    elements_checked: dict = field(default_factory=dict)  # "tiles": result name -> elements compared
     launches: list = field(default_factory=list)  # emulator LaunchRecords of the first run
 
     def failures(self, cosine_min: float) -> list[str]:
@@ -92,7 +105,10 @@ def _run(entry, inputs: dict, *, order_seed: int | None, sample: bool):
     opts = dict(workgroup_order_seed=order_seed)
     if sample:
         opts.update(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
-    with emulator.options(**opts), emulator.launches() as records:
+    if SANITIZE:
+        opts.update(sanitize=True, interleave_seed=order_seed or 0)
+    guard = emulator.guard(inputs) if SANITIZE else contextlib.nullcontext()
+    with emulator.options(**opts), emulator.launches() as records, guard:
         outputs = entry(**inputs)
     return _as_tuple(outputs), list(records)
 
@@ -116,10 +132,42 @@ def _rows_owned(records, tokens: int) -> torch.Tensor:
     return owned
 
 
+def stored_mask(records, t: torch.Tensor) -> torch.Tensor:
+    """Bool mask (t.shape) of the elements of contiguous `t` whose every byte some launch stored."""
+    nbytes = t.numel() * t.element_size()
+    covered = np.zeros(nbytes + 1, np.int64)
+    lo = t.data_ptr()
+    for rec in records:
+        iv = rec.stored if rec.stored is not None else np.zeros((0, 2), np.int64)
+        iv = iv[(iv[:, 1] > lo) & (iv[:, 0] < lo + nbytes)]
+        if len(iv):
+            np.add.at(covered, np.clip(iv[:, 0] - lo, 0, nbytes), 1)
+            np.add.at(covered, np.clip(iv[:, 1] - lo, 0, nbytes), -1)
+    byte = np.cumsum(covered[:-1]) > 0
+    el = byte.reshape(-1, t.element_size()).all(axis=1) if nbytes else byte
+    return torch.from_numpy(el.copy()).reshape(t.shape)
+
+
+def _tile_masks(records, outputs) -> list:
+    return [stored_mask(records, t.detach().cpu().contiguous()) if t.is_contiguous() else
+            torch.zeros(t.shape, dtype=torch.bool) for t in outputs]
+
+
+def _same_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ab = a.detach().cpu().contiguous().view(torch.uint8).reshape(*a.shape, -1) if a.dim() else a
+    bb = b.detach().cpu().contiguous().view(torch.uint8).reshape(*b.shape, -1) if b.dim() else b
+    return torch.equal(ab[mask], bb[mask])
+
+
 def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int, seed: int) -> CaseResult:
     op = OPS[op_name]
     dev = devices.current().torch_device
-    sample = devices.current().emulated and package.workgroups == "rows"
+    sample = devices.current().emulated and package.workgroups in SAMPLED_KINDS
+    sample = sample and tokens > getattr(package, "sample_above_tokens", 0)
+    if sample and package.workgroups == "tiles":
+        return _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev)
     clean = op.build_inputs(tokens, dims, seed)
     entry_name = package.entry_for_op(op_name)
     garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
@@ -159,3 +207,42 @@ def no_execution():
             yield
     else:
         yield
+
+
+def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev) -> CaseResult:
+    """`workgroups = "tiles"`: a seeded sample of workgroups runs; exactly the bytes they stored are compared."""
+    clean = op.build_inputs(tokens, dims, seed)
+    entry_name = package.entry_for_op(op_name)
+    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
+    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
+
+    first, records = _run(entry, garbage_in, order_seed=None, sample=True)
+    second, records2 = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=True)
+    zero_padded, records3 = _run(entry, zero_in, order_seed=None, sample=True)
+    masks = _tile_masks(records, first)
+    for m in masks:
+        m[real:] = False                      # real rows only
+    result = CaseResult(rows_real=real, launches=records)
+    result.sampled = any(rec.sampled for rec in records)
+    same_sets = all(torch.equal(a[:real], b[:real]) for a, b in zip(masks, _tile_masks(records2, second)))
+    result.deterministic = same_sets and all(_same_masked(a, b, m) for a, b, m in zip(first, second, masks))
+    result.padding_harmless = all(_same_masked(a, b, m) for a, b, m in zip(first, zero_padded, masks))
+
+    real_inputs = {k: (v[:real] if k in op.row_inputs else v) for k, v in clean.items()}
+    expected = op.to_float(op.reference(**real_inputs))
+    got = op.to_float(tuple(t.cpu()[:real] for t in first))
+    real_masks = [m[:real] for m in masks]
+    # rows every output stored completely: the fallback when a compared result is not one raw output
+    full_rows = torch.ones(real, dtype=torch.bool)
+    for m in real_masks:
+        full_rows &= m.reshape(real, -1).all(dim=1) if m.numel() else full_rows
+    rows_any = torch.zeros(real, dtype=torch.bool)
+    for i, (name, g, e) in enumerate(zip(op.result_names, got, expected)):
+        m = real_masks[i] if i < len(real_masks) and real_masks[i].shape == g.shape else None
+        if m is None:
+            m = full_rows.reshape(-1, *([1] * (g.dim() - 1))).expand(g.shape)
+        result.cosines[name] = cosine(g[m], e[m])
+        result.elements_checked[name] = int(m.sum())
+        rows_any |= m.reshape(real, -1).any(dim=1)
+    result.rows_checked = int(rows_any.sum())
+    return result

@@ -68,9 +68,12 @@ def cmd_run(args) -> int:
         start = time.perf_counter()
         report = entry.warm_up()
         warm_s = time.perf_counter() - start
-        compiled = sum(r["compiled"] for r in report.values())
         print(f"\n== {shape.op} @ {shape.kernel}  (served by {', '.join(shape.served_by)})")
-        print(f"warm-up {warm_s:.2f} s, {compiled} of {sum(r['variants'] for r in report.values())} variants compiled")
+        if report:
+            print(f"warm-up {warm_s:.2f} s: {report['compiled']} of {report['variants']} variants compiled, "
+                  "the rest loaded from the disk cache")
+        else:
+            print("already warm in this process")
         card_rows = [_card_row(k, c) for k, c in _cards_of(entry)]
         print(_table(CARD_HEADERS, card_rows))
         failed |= any(r[-1] != "ok" for r in card_rows)

@@ -26,6 +26,9 @@ class KernelPackage:
     prepare: dict  # entry name -> name of the package function mapping reference inputs to entry inputs
     workgroups: str  # "rows": workgroup x computes a contiguous block of token rows; "" = no sampling
     readme: Path
+    # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. split-K tiers whose
+    # partials must all be written before a second launch reads them run whole at small token counts)
+    sample_above_tokens: int = 0
 
     def import_entries(self) -> dict:
         mod = importlib.import_module(self.module)
@@ -58,6 +61,7 @@ def discover() -> dict[str, KernelPackage]:
             entries={name: spec["op"] for name, spec in data["entries"].items()},
             prepare={name: spec["prepare"] for name, spec in data["entries"].items() if "prepare" in spec},
             workgroups=data.get("workgroups", ""),
+            sample_above_tokens=int(data.get("sample_above_tokens", 0)),
             readme=decl.parent / "README.md",
         )
     return packages

@@ -4,7 +4,11 @@
     emulator.install()            # before FlyDSL's runtime loads; idempotent
     with emulator.launches() as recs, emulator.options(workgroup_sample=8):
         my_flydsl_fn(x_cpu, y_cpu)        # CPU torch tensors: device pointers are host addresses
-    recs[0].counters, recs[0].workgroups_executed
+    recs[0].counters, recs[0].workgroups_executed, recs[0].stored
+
+Sanitizer (sanitizer.py): `options(sanitize=True)` turns on missing-wait, MFMA-hazard and LDS-race detection
+and seeded wave interleaving; `guard(inputs)` adds memory checking (out-of-bounds and uninitialized reads)
+against the tensors the block receives and creates. Reports raise SanitizerReport (a LaunchError).
 
 install() loads a substitute libamdhip64.so.7 (hip_shim.c) with RTLD_GLOBAL, so FlyDSL's JIT runtime binds
 to it; module loads and launches then come to runtime.py, which decodes the code object with llvm-objdump-22
@@ -18,11 +22,13 @@ import os
 from pathlib import Path
 
 from . import runtime, shim
-from .engine import LaunchError, LaunchRecord
+from .engine import LaunchError, LaunchRecord, SanitizerReport
 from .translate import UnknownInstruction
 
-__all__ = ["install", "available", "wanted", "launches", "options", "LaunchRecord", "LaunchError",
-           "UnknownInstruction", "installed"]
+__all__ = ["install", "available", "wanted", "launches", "options", "guard", "LaunchRecord", "LaunchError",
+           "SanitizerReport", "UnknownInstruction", "installed"]
+
+_KEEP = object()
 
 _installed = False
 
@@ -108,15 +114,40 @@ def launches():
 
 
 @contextlib.contextmanager
-def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, execute=True):
+def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, execute=True, sanitize=_KEEP,
+            interleave_seed=_KEEP, memory=_KEEP):
     """Launch options for the block: a seeded workgroup order, and/or a seeded sample of N workgroups
     (the LaunchRecord lists the executed workgroup ids so callers check only those tiles); execute=False
-    takes every launch through FlyDSL and the HIP substitute but runs no kernel code."""
+    takes every launch through FlyDSL and the HIP substitute but runs no kernel code.
+
+    sanitize: True (every detector) or a set of 'waits', 'hazards', 'races', 'interleave'; interleave_seed
+    seeds the wave interleaving (default: the workgroup order seed); memory: a guard() (usually set by it).
+    These three are inherited from an enclosing options() block unless given."""
     opts = dict(runtime.current_options())
     opts.update(workgroup_order_seed=workgroup_order_seed, workgroup_sample=workgroup_sample,
                 sample_seed=sample_seed, execute=execute)
+    for key, value in (("sanitize", sanitize), ("interleave_seed", interleave_seed), ("memory", memory)):
+        if value is not _KEEP:
+            opts[key] = value
     runtime._options_stack.append(opts)
     try:
         yield opts
+    finally:
+        runtime._options_stack.pop()
+
+
+@contextlib.contextmanager
+def guard(roots=()):
+    """Memory checking for launches in the block: only the tensors in `roots` (any nesting of
+    dicts/lists/tuples) and those created inside the block are reachable; fresh ones are poisoned."""
+    from .memguard import MemoryGuard
+
+    g = MemoryGuard(roots)
+    opts = dict(runtime.current_options())
+    opts["memory"] = g
+    runtime._options_stack.append(opts)
+    try:
+        with g:
+            yield g
     finally:
         runtime._options_stack.pop()

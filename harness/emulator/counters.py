@@ -38,6 +38,39 @@ class _DistinctDwords:
         return 4 * int(self._seen.size)
 
 
+class _Intervals:
+    """Byte intervals [start, end) written, merged into a sorted disjoint (k, 2) int64 array."""
+
+    def __init__(self):
+        self._pending: list[np.ndarray] = []
+        self._n = 0
+        self._merged = np.zeros((0, 2), np.int64)
+
+    def add(self, addrs: np.ndarray, nbytes: int) -> None:
+        a = np.asarray(addrs, np.int64)
+        self._pending.append(np.stack([a, a + nbytes], axis=1))
+        self._n += a.size
+        if self._n > _COMPACT_AT:
+            self._compact()
+
+    def _compact(self):
+        if not self._pending:
+            return
+        iv = np.concatenate([self._merged] + self._pending)
+        self._pending, self._n = [], 0
+        iv = iv[np.argsort(iv[:, 0], kind="stable")]
+        ends = np.maximum.accumulate(iv[:, 1])
+        new = np.ones(len(iv), bool)
+        new[1:] = iv[1:, 0] > ends[:-1]
+        starts = iv[new, 0]
+        group_end = np.maximum.reduceat(iv[:, 1], np.nonzero(new)[0]) if len(iv) else np.zeros(0, np.int64)
+        self._merged = np.stack([starts, group_end], axis=1) if len(iv) else np.zeros((0, 2), np.int64)
+
+    def array(self) -> np.ndarray:
+        self._compact()
+        return self._merged
+
+
 class Counters:
     def __init__(self):
         self.instructions = Counter()        # class -> wave-instructions
@@ -54,6 +87,7 @@ class Counters:
         self.waves = 0
         self._loaded = _DistinctDwords()
         self._stored = _DistinctDwords()
+        self._stored_bytes = _Intervals()
 
     # called from instruction handlers
     def global_load(self, addrs, nbytes):
@@ -65,11 +99,17 @@ class Counters:
         if len(addrs):
             self.global_store_bytes += len(addrs) * nbytes
             self._stored.add(addrs, nbytes)
+            self._stored_bytes.add(addrs, nbytes)
 
     def global_atomic(self, addrs, nbytes):
         if len(addrs):
             self.global_atomic_bytes += len(addrs) * nbytes
             self._stored.add(addrs, nbytes)
+            self._stored_bytes.add(addrs, nbytes)
+
+    def stored_intervals(self) -> np.ndarray:
+        """Sorted disjoint [start, end) byte intervals of global memory stored (incl. atomics)."""
+        return self._stored_bytes.array()
 
     def lds_access(self, addrs, nbytes, write):
         n = len(addrs)

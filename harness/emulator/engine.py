@@ -16,10 +16,22 @@ from .counters import Counters
 from .ops_scalar import BARRIER, ENDPGM
 from .state import EXEC_HI, EXEC_LO, WAVE, Wave
 from .translate import Program
+from . import sanitizer as san_mod
+
+YIELD = -1000       # run_wave_sanitized: the wave's slice of the interleaving ran out
 
 
 class LaunchError(RuntimeError):
     pass
+
+
+class SanitizerReport(LaunchError):
+    """A sanitizer detector fired: .kind is 'missing-wait', 'mfma-hazard', 'lds-race', 'out-of-bounds',
+    'uninitialized'; the message names kernel, workgroup, wave, PC and instruction."""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind
 
 
 # Callables run with each wave when it reaches s_endpgm (tests inspect final register state this way).
@@ -34,6 +46,8 @@ class LaunchRecord:
     counters: dict
     workgroups_executed: list | None = None   # None: all of them ran; else the (x, y, z) ids that ran
     seconds: float = 0.0
+    stored: np.ndarray | None = None          # (k, 2) int64 sorted disjoint [start, end) global bytes stored
+    sanitized: frozenset = frozenset()        # detectors that were on
 
     @property
     def wave_instructions(self) -> int:
@@ -49,6 +63,7 @@ class _Workgroup:
         self.ids = ids
         self.lds = np.zeros(max(lds_bytes, 4), np.uint8)
         self.lds32 = None
+        self.shadow = None
 
 
 class _LaunchState:
@@ -56,6 +71,7 @@ class _LaunchState:
         self.counters = counters
         self.mode_reg = 0
         self.clock = 0
+        self.mem = None          # sanitizer.MemoryMap when memory checking is on
 
 
 def _dispatch_packet(kernel: Kernel, grid, block, kernarg_addr, lds_bytes):
@@ -125,6 +141,45 @@ def run_wave(w: Wave, program: Program, hits: list) -> int:
             return r
 
 
+def run_wave_sanitized(w: Wave, program: Program, table, static, hits: list, budget: int) -> int:
+    """run_wave with the sanitizer's per-instruction checks, for at most `budget` instructions (YIELD)."""
+    base = program.base
+    touch = static.touch
+    ws = w.san
+    pc = w.pc
+    try:
+        while budget:
+            budget -= 1
+            i = (pc - base) >> 2
+            fn, nxt = table[i]
+            hits[i] += 1
+            ws.cur_pc = pc
+            if ws.pend & touch[i]:
+                ws.missing_wait(i)
+            if ws.hazards:
+                ws.check_hazards(i)
+            r = fn(w)
+            if r is None:
+                pc = nxt
+            elif r >= 0:
+                pc = r
+            else:
+                w.pc = nxt
+                return r
+    except Exception:
+        w.pc = pc
+        raise
+    w.pc = pc
+    return YIELD
+
+
+def _instrumented(program: Program, acc: int):
+    cache = program.__dict__.setdefault("_sanitizer_tables", {})
+    if acc not in cache:
+        cache[acc] = san_mod.Instrumented(program, acc)
+    return cache[acc]
+
+
 def workgroup_order(grid, seed):
     ids = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
     if seed is not None:
@@ -155,40 +210,107 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
     n_waves = (threads + WAVE - 1) // WAVE
     hits = [0] * len(program.table)
     entry = kernel.entry
+    det = san_mod.detectors(options.get("sanitize"))
+    mem = options.get("memory")
+    memmap = mem.memory_map(extra=[(kernarg_addr, kernarg_addr + kernarg.size, "kernarg segment", None),
+                                   (packet.ctypes.data, packet.ctypes.data + packet.size, "dispatch packet", None)]) \
+        if mem is not None else None
+    launch.mem = memmap
+    sanitized = bool(det) or memmap is not None
+    if sanitized:
+        inst = _instrumented(program, kernel.descriptor.accum_offset)
+        table, static = inst.table, inst.static
+        rng = random.Random(options.get("interleave_seed") if options.get("interleave_seed") is not None
+                            else options.get("workgroup_order_seed") or 0)
+        interleave = "interleave" in det
     with np.errstate(all="ignore"):
         for wg_ids in ids:
             wg = _Workgroup(wg_ids, lds_bytes)
+            if "races" in det:
+                wg.shadow = san_mod.LdsShadow(wg.lds.size)
             waves = []
             for k in range(n_waves):
                 w = Wave(k, wg, launch)
                 _init_wave(w, kernel, k, block, wg_ids, grid, kernarg_addr, packet.ctypes.data)
                 w.pc = entry
+                if sanitized:
+                    w.san = san_mod.WaveSan(w, det, static, program, memmap, wg.shadow)
                 waves.append(w)
-            live = list(waves)
-            while live:
-                still = []
-                for w in live:
-                    try:
-                        r = run_wave(w, program, hits)
-                    except Exception as e:
-                        inst = program.insts.get(w.pc)
-                        raise LaunchError(
-                            f"{kernel.name}: workgroup {wg_ids} wave {w.wave_id} pc {w.pc:#x} "
-                            f"({inst.text if inst else '?'}): {type(e).__name__}: {e}") from e
-                    if r == BARRIER:
-                        still.append(w)
-                    else:
-                        for hook in wave_end_hooks:
-                            hook(w)
-                if still:
-                    counters.barriers += 1
-                live = still
+            if sanitized:
+                _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, counters, rng,
+                                         interleave)
+            else:
+                _run_workgroup(waves, program, hits, kernel, wg_ids, counters)
             counters.workgroups += 1
             counters.waves += n_waves
     for i, n in enumerate(hits):
         if n:
             counters.instructions[program.classes[i]] += n
     rec = LaunchRecord(kernel.name, tuple(grid), tuple(block), counters.as_dict(), sampled,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, counters.stored_intervals(), det)
     return rec
+
+
+def _fail(e, kernel, wg_ids, w, program):
+    inst = program.insts.get(w.pc)
+    where = (f"{kernel.name}: workgroup {wg_ids} wave {w.wave_id} pc {w.pc:#x} "
+             f"({inst.text.strip() if inst else '?'})")
+    if isinstance(e, san_mod.SanitizerError):
+        return SanitizerReport(f"{where}: {e}", e.kind)
+    return LaunchError(f"{where}: {type(e).__name__}: {e}")
+
+
+def _run_workgroup(waves, program, hits, kernel, wg_ids, counters):
+    """Waves one after another up to each barrier (the fast path, no sanitizer)."""
+    live = list(waves)
+    while live:
+        still = []
+        for w in live:
+            try:
+                r = run_wave(w, program, hits)
+            except Exception as e:
+                raise _fail(e, kernel, wg_ids, w, program) from e
+            if r == BARRIER:
+                still.append(w)
+            else:
+                for hook in wave_end_hooks:
+                    hook(w)
+        if still:
+            counters.barriers += 1
+        live = still
+
+
+SLICE_MAX = 48      # longest run of one wave before the seeded scheduler may switch
+
+
+def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, counters, rng, interleave):
+    """Waves interleaved in seeded slices between barriers; a barrier releases when every live wave waits."""
+    running = list(waves)
+    at_barrier = []
+    while running or at_barrier:
+        if not running:
+            counters.barriers += 1
+            if wg.shadow is not None:
+                wg.shadow.epoch += 1
+            running, at_barrier = at_barrier, []
+            continue
+        if interleave:
+            w = running[rng.randrange(len(running))] if len(running) > 1 else running[0]
+            budget = rng.randint(1, SLICE_MAX)
+        else:
+            w = running[0]
+            budget = -1
+        try:
+            r = run_wave_sanitized(w, program, table, static, hits, budget)
+            if r == YIELD:
+                continue
+            running.remove(w)
+            if r == BARRIER:
+                at_barrier.append(w)
+            else:
+                w.san.drain()
+                for hook in wave_end_hooks:
+                    hook(w)
+        except Exception as e:
+            raise _fail(e, kernel, wg.ids, w, program) from e
 

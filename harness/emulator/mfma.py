@@ -38,6 +38,20 @@ Layout evidence (lane l, element e of the lane, registers packed low bits first)
     byte scales row (A) / column (B) l % M of K-block l // M (32 K values per block): 4 blocks for
     16x16x128, 2 for 32x32x64 (CDNA4 blog: "each thread stores 1 entry of Ax (32x2)"). E8M0 255 = NaN
     (-> NaN products). The scales multiply each 32-wide block sum (exact power-of-two scaling here).
+  * Evidence from FlyDSL kernels that FlyDSL's CI checks on MI355X, run here on CPU tensors against torch
+    (tests/test_upstream_evidence.py; kernels/shapes/cosines listed there). Note that a K permutation
+    applied to BOTH operands of one MFMA leaves D unchanged, so for same-format operands (bf16 x bf16, fp8 x
+    fp8, fp4 x fp4) only the A/B pairing and the scale blocks are observable; the per-format K orders are
+    pinned by mixed-format runs:
+      - FP8 two K halves: mxfp4_preshuffle fp8 x fp4 matches torch (cos 0.99999+); with FP8 contiguous it
+        gives cos 0.23. FP6 contiguous (packed 6-bit fields from bit 0): fp6 x fp4 matches; the two-halves
+        alternative gives cos 0.23. FP4 contiguous: fp4 x fp4 with per-32 scales matches; two halves
+        gives cos 0.92. Scale byte = op_sel + 2*op_sel_hi: swapping the two gives cos 0.75.
+      - 32x32 C/D row mapping above: flash_attn_gfx950 (v_mfma_f32_32x32x16_bf16, softmax across the
+        accumulator rows) matches sdpa (cos 0.99999+); rows 16*(l//32)+r gives cos 0.27.
+  * ds_read_b64_tr_b16 is an LDS op (ops_memory.py) but exists only to build MFMA operands; its lane
+    permutation lives here in `ds_read_tr_sources` (settled by gemm_a16w16_gfx950 nn/tn/tt and flash
+    attention, see that function).
   * cbsz/abid/blgp on non-f8f6f4 forms are broadcast/lane-group controls that FlyDSL kernels do not use:
     nonzero values raise NotImplementedError (never a silent wrong result); so does neg (LLVM 22 rejects it
     on gfx950 MFMA).
@@ -150,6 +164,40 @@ def _cd_layout(M: int):
         return 4 * (lane // 16) + r + 0 * lane, np.broadcast_to(lane % 16, (4, 64)).copy()
     r = np.arange(16)[:, None]
     return 8 * (r // 4) + 4 * (lane // 32) + r % 4, np.broadcast_to(lane % 32, (16, 64)).copy()
+
+
+@lru_cache(maxsize=None)
+def ds_read_tr_sources(bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """ds_read_b64_tr_b{bits} (gfx950 transposing LDS read), per block of 16 lanes: every lane addresses one
+    64-bit chunk (E = 64 // bits elements); element j of lane i in the result is element src_elem[i, j] of
+    the chunk addressed by lane src_lane[i, j] of the same block:
+        src_lane = (16 // E) * j + i // E,   src_elem = i % E.
+    I.e. the chunks of lanes c, c + 16/E, c + 2*16/E, ... are the E rows of one E x E tile, transposed into
+    lanes E*c .. E*c+E-1 ("interleaved" transposes: b16 = four interleaved 4x4, b8 = two interleaved 8x8 -
+    the wording of Modular's ds_read_tr8_b64 docs - and b4 = one 16x16).
+    Evidence (b16): FlyDSL's gemm_a16w16_gfx950 (B or A read with ds_read_b64_tr_b16) matches torch for
+    layouts nn/tn/tt (cos 0.99999+) only with this rule; the earlier model (consecutive groups of E lanes
+    transposed) gave cos 0.25/0.06/0.24, and flash_attn_gfx950 (V via tr_b16) 0.26 instead of 0.99999.
+    b8 and b4 follow the same rule by analogy: UNSURE (no hardware-checked kernel run here uses them)."""
+    E = 64 // bits
+    i = np.arange(16)[:, None]
+    j = np.arange(E)[None, :]
+    return (16 // E) * j + i // E + 0 * j, np.broadcast_to(i % E, (16, E)).copy()
+
+
+def ds_read_tr(bits: int, chunks: np.ndarray) -> np.ndarray:
+    """Apply ds_read_b64_tr_b{bits}: chunks (64, 8) uint8 = the 8 bytes each lane addressed -> (64, 8) uint8
+    = the 8 bytes each lane receives (its 2 destination dwords, little-endian)."""
+    chunks = np.asarray(chunks, np.uint8).reshape(4, 16, 8)
+    src_lane, src_elem = ds_read_tr_sources(bits)
+    if bits in (8, 16):
+        el = chunks.view(np.uint8 if bits == 8 else np.uint16)             # (4, 16, E)
+        return np.ascontiguousarray(el[:, src_lane, src_elem]).view(np.uint8).reshape(64, 8)
+    if bits == 4:
+        nib = np.stack([chunks & 0xF, chunks >> 4], axis=-1).reshape(4, 16, 16)
+        out = nib[:, src_lane, src_elem].reshape(4, 16, 8, 2)
+        return (out[..., 0] | (out[..., 1] << 4)).astype(np.uint8).reshape(64, 8)
+    raise ValueError(f"ds_read_b64_tr_b{bits} does not exist")
 
 
 def operand_regs(mnemonic: str, mods: dict) -> tuple[int, int, int]:

@@ -3,6 +3,10 @@
 Global accesses gather/scatter straight into host memory through state.MEM8/MEM32. Buffer accesses apply
 the 128-bit resource descriptor's num_records bound: out-of-range loads return 0, stores are dropped, and
 out-of-range lanes never touch memory. Every access updates the launch counters.
+
+Under the sanitizer (w.san set, see sanitizer.py) every global/buffer address a lane really touches is
+checked against the launch's memory map before it is touched, and results are delivered through
+w.san.issue(queue, registers, apply, lds_record) at the covering s_waitcnt instead of at once.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import re
 
 import numpy as np
 
+from . import mfma
 from .lanes import swizzle_source_lanes
 from .operands import bf16_bits_rne, exec_mask, parse_operand, raw_reader, row_of, scalar_reader
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
 U32, I32, U64, I64, F32 = np.uint32, np.int32, np.uint64, np.int64, np.float32
+VBASE = 128     # sanitizer register-slot bit of VGPR row 0
 _ALL = np.ones(WAVE, bool)
 _ZERO_PAGE = np.zeros(64, np.uint64)        # a harmless address for lanes that must not touch memory
 SAFE_ADDR = _ZERO_PAGE.ctypes.data
@@ -88,6 +94,32 @@ def _bytes_to_rows(w, row, data, active, nbytes, sext, d16):
 def _active(w):
     ex = w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)
     return _ALL if ex == FULL else lane_mask(ex)
+
+
+def _vmask(row, ndw):
+    return ((1 << max(1, ndw)) - 1) << (VBASE + row)
+
+
+def _deliver(w, queue, mask, apply, lds_rec=None):
+    """Hand a result to the sanitizer (delivered at the covering s_waitcnt) or deliver it now."""
+    s = w.san
+    if s is None:
+        if apply is not None:
+            apply()
+    else:
+        s.issue(queue, mask, apply, lds_rec)
+
+
+def _check(w, a, nbytes, act, what, read, write):
+    """Memory-map check of the addresses `a` (the active lanes `act`, or a lane-index array)."""
+    s = w.san
+    if s is not None and s.mem is not None and len(a):
+        lanes = np.nonzero(act)[0] if act.dtype == bool else act
+        s.mem.check(a, nbytes, lanes, what, read, write)
+
+
+def _lds_idx(addrs, nbytes):
+    return (np.asarray(addrs, np.int64)[:, None] + np.arange(nbytes)).ravel()
 
 
 # ---- atomics ------------------------------------------------------------------------------------------
@@ -196,16 +228,23 @@ def build_global(inst, ctx):
     if what not in _SIZES:
         return None
     nbytes, sext, d16 = _SIZES[what]
+    name = inst.mnemonic
     if kind == "load":
         row = row_of(dst, acc)
+        dmask = _vmask(row, nbytes // 4)
 
         def h(w):
             act = _active(w)
             a = np.broadcast_to(address(w), (WAVE,))[act]
+            apply = None
             if len(a):
+                _check(w, a, nbytes, act, name, True, False)
                 data = mem_read(a, nbytes)
-                _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
                 counters.global_load(a, nbytes)
+
+                def apply():
+                    _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
+            _deliver(w, "vm", dmask, apply)
         return h
     drow = row_of(data_op, acc)
     shift_hi = d16 == "hi"
@@ -213,7 +252,10 @@ def build_global(inst, ctx):
     def h(w):
         act = _active(w)
         a = np.broadcast_to(address(w), (WAVE,))[act]
+        if w.san is not None:
+            _deliver(w, "vm", 0, None)
         if len(a):
+            _check(w, a, nbytes, act, name, False, True)
             if shift_hi:
                 regs = (w.v[drow, act] >> U32(16)).copy()
                 data = regs.view(np.uint8).reshape(-1, 4)[:, :nbytes]
@@ -232,27 +274,25 @@ def _global_atomic(inst, ctx, what, address, data_op, dst, returns):
         return None  # 64-bit atomics: not used by our kernels yet
     drow = row_of(data_op, acc)
     rrow = row_of(dst, acc) if dst is not None else None
-    if what == "cmpswap":
-        def h(w):
-            act = _active(w)
-            a = np.broadcast_to(address(w), (WAVE,))[act]
-            src, cmp = w.v[drow, act], w.v[drow + 1, act]
-            olds = _atomic_rmw(_global_read_one, _global_write_one, a, src, None, cmp=cmp)
-            if rrow is not None:
-                w.v[rrow, act] = olds
-            counters.global_atomic(a, 4)
-        return h
+    rmask = _vmask(rrow, 1) if rrow is not None else 0
     op = ATOMIC32.get(what)
-    if op is None:
+    if op is None and what != "cmpswap":
         return None
 
     def h(w):
         act = _active(w)
         a = np.broadcast_to(address(w), (WAVE,))[act]
-        olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, act], op)
-        if rrow is not None:
-            w.v[rrow, act] = olds
+        _check(w, a, 4, act, inst.mnemonic, True, True)
+        if what == "cmpswap":
+            olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, act], None, cmp=w.v[drow + 1, act])
+        else:
+            olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, act], op)
         counters.global_atomic(a, 4)
+        apply = None
+        if rrow is not None:
+            def apply():
+                w.v[rrow, act] = olds
+        _deliver(w, "vm", rmask, apply)
     return h
 
 
@@ -333,31 +373,44 @@ def build_buffer(inst, ctx):
             addr, ok = ba.in_range(w, nbytes)
             a = addr[act]
             okl = ok[act]
-            safe = np.where(okl.all(axis=1), a, SAFE_ADDR)
+            lanes = np.nonzero(act)[0]
+            full = okl.all(axis=1)
+            _check(w, a[full], nbytes, lanes[full], inst.mnemonic, True, False)
+            safe = np.where(full, a, SAFE_ADDR)
             data = mem_read(safe, nbytes).reshape(-1, ndw, min(4, nbytes))
             data = np.where(okl[:, :, None], data, 0).reshape(-1, nbytes)
             # UNSURE: LDS destination = M0[17:0] + inst_offset + lane * size (gfx950 lds form).
             base = (w.s[M0] & 0x3FFFF) + lds_off
-            lanes = np.nonzero(act)[0]
             dst = base + lanes * nbytes
-            _lds_store_bytes(w, dst, data, ctx)
-            counters.global_load(a[okl.all(axis=1)], nbytes)
+            counters.global_load(a[full], nbytes)
             counters.lds_access(dst, nbytes, write=True)
+
+            def apply():
+                _lds_store_bytes(w, dst, data, ctx)
+            _deliver(w, "vm", 0, apply, (True, _lds_idx(dst, nbytes)) if w.san is not None else None)
         return h
 
     if kind == "load":
         row = row_of(data_op, acc)
+        dmask = _vmask(row, nbytes // 4)
 
         def h(w):
             act = _active(w)
             addr, ok = ba.in_range(w, nbytes)
             a, okl = addr[act], ok[act]
             if not len(a):
+                _deliver(w, "vm", dmask, None)
                 return
             if okl.all():
+                _check(w, a, nbytes, act, inst.mnemonic, True, False)
                 data = mem_read(a, nbytes)
             else:
                 lane_ok = okl.any(axis=1)
+                if w.san is not None and w.san.mem is not None:
+                    lanes = np.nonzero(act)[0]
+                    for j in range(okl.shape[1]):
+                        sel = okl[:, j]
+                        _check(w, a[sel] + U64(4 * j), min(4, nbytes), lanes[sel], inst.mnemonic, True, False)
                 safe = np.where(lane_ok, a, SAFE_ADDR)
                 data = mem_read(safe, nbytes)
                 if nbytes >= 4:
@@ -365,8 +418,11 @@ def build_buffer(inst, ctx):
                 else:
                     data = np.where(okl, data, 0).astype(np.uint8)
                 a = a[lane_ok]
-            _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
             counters.global_load(a, nbytes)
+
+            def apply():
+                _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
+            _deliver(w, "vm", dmask, apply)
         return h
 
     drow = row_of(data_op, acc)
@@ -376,6 +432,16 @@ def build_buffer(inst, ctx):
         act = _active(w)
         addr, ok = ba.in_range(w, nbytes)
         a, okl = addr[act], ok[act]
+        if w.san is not None:
+            _deliver(w, "vm", 0, None)
+            if w.san.mem is not None:
+                lanes = np.nonzero(act)[0]
+                if okl.all():
+                    _check(w, a, nbytes, lanes, inst.mnemonic, False, True)
+                else:
+                    for j in range(okl.shape[1]):
+                        sel = okl[:, j]
+                        _check(w, a[sel] + U64(4 * j), min(4, nbytes), lanes[sel], inst.mnemonic, False, True)
         if shift_hi:
             data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
         else:
@@ -387,7 +453,9 @@ def build_buffer(inst, ctx):
                 for j in range(ndw):
                     sel = okl[:, j]
                     mem_write(a[sel] + U64(4 * j), data[sel, 4 * j: 4 * j + 4])
-                counters.global_store(a[okl.any(axis=1)], nbytes)
+                    counters._stored_bytes.add(a[sel] + U64(4 * j), 4)
+                counters.global_store_bytes += int(okl.sum()) * 4
+                counters._stored.add(a[okl.any(axis=1)], nbytes)
                 return
             a, data = a[lane_ok], data[lane_ok]
         if len(a):
@@ -412,14 +480,18 @@ def _buffer_atomic(inst, ctx, what, ba, data_op):
         addr, ok = ba.in_range(w, 4)
         sel = act & ok[:, 0]
         a = addr[sel]
+        _check(w, a, 4, sel, inst.mnemonic, True, True)
         if what == "cmpswap":
             olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, sel], None, cmp=w.v[drow + 1, sel])
         else:
             olds = _atomic_rmw(_global_read_one, _global_write_one, a, w.v[drow, sel], op)
-        if returns:
-            w.v[drow, act] = 0
-            w.v[drow, sel] = olds
         counters.global_atomic(a, 4)
+        apply = None
+        if returns:
+            def apply():
+                w.v[drow, act] = 0
+                w.v[drow, sel] = olds
+        _deliver(w, "vm", _vmask(drow, 1) if returns else 0, apply)
     return h
 
 
@@ -459,27 +531,36 @@ def build_ds(inst, ctx):
         src_lanes = swizzle_source_lanes(inst.mods.get("offset", "0"))
         drow, srow = row_of(ops[0], acc), row_of(ops[1], acc)
 
+        dmask = _vmask(drow, 1)
+
         def h(w):
             act = _active(w)
             v = w.v[srow][src_lanes]
             v = np.where(act[src_lanes], v, U32(0))
-            w.v[drow, act] = v[act]
+
+            def apply():
+                w.v[drow, act] = v[act]
+            _deliver(w, "lds", dmask, apply)
         return h
     if name in ("ds_bpermute_b32", "ds_permute_b32"):
         drow, arow, srow = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
         backward = name == "ds_bpermute_b32"
 
+        dmask = _vmask(drow, 1)
+
         def h(w):
             act = _active(w)
             lane = ((w.v[arow].astype(np.int64) + offset) >> 2) & 63
             if backward:
-                v = np.where(act[lane], w.v[srow][lane], U32(0))
-                w.v[drow, act] = v[act]
+                out = np.where(act[lane], w.v[srow][lane], U32(0))
             else:
                 out = np.zeros(WAVE, U32)
                 src = np.nonzero(act)[0]
                 out[lane[src]] = w.v[srow][src]
+
+            def apply():
                 w.v[drow, act] = out[act]
+            _deliver(w, "lds", dmask, apply)
         return h
     m = re.match(r"ds_read_b64_tr_b(4|8|16)$", name)
     if m:
@@ -494,13 +575,22 @@ def build_ds(inst, ctx):
         if m.group(1) == "read2":
             drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
 
+            dmask = _vmask(drow, 2 * ndw)
+
             def h(w):
                 act = _active(w)
                 base = w.v[arow, act].astype(np.int64)
+                got = []
                 for k, o in enumerate((o0, o1)):
-                    data = _lds_load_bytes(w, base + o, size)
-                    w.v[drow + k * ndw: drow + (k + 1) * ndw, act] = data.view(U32).reshape(-1, ndw).T
+                    got.append(_lds_load_bytes(w, base + o, size).view(U32).reshape(-1, ndw).T)
                     counters.lds_access(base + o, size, write=False)
+
+                def apply():
+                    for k in range(2):
+                        w.v[drow + k * ndw: drow + (k + 1) * ndw, act] = got[k]
+                rec = (False, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
+                    if w.san is not None else None
+                _deliver(w, "lds", dmask, apply, rec)
             return h
         arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
 
@@ -510,6 +600,9 @@ def build_ds(inst, ctx):
             for o, r in ((o0, r0), (o1, r1)):
                 _lds_store_bytes(w, base + o, _rows_to_bytes(w, r, size, act), ctx)
                 counters.lds_access(base + o, size, write=True)
+            rec = (True, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
+                if w.san is not None else None
+            _deliver(w, "lds", 0, None, rec)
         return h
     m = re.match(r"ds_(read|write)_(\w+)$", name)
     if m and m.group(2) in _SIZES:
@@ -517,12 +610,17 @@ def build_ds(inst, ctx):
         if m.group(1) == "read":
             drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
 
+            dmask = _vmask(drow, nbytes // 4)
+
             def h(w):
                 act = _active(w)
                 a = w.v[arow, act].astype(np.int64) + offset
                 data = _lds_load_bytes(w, a, nbytes)
-                _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
                 counters.lds_access(a, nbytes, write=False)
+
+                def apply():
+                    _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
+                _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, nbytes)) if w.san is not None else None)
             return h
         arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
         hi = d16 == "hi"
@@ -536,6 +634,7 @@ def build_ds(inst, ctx):
                 data = _rows_to_bytes(w, drow, nbytes, act)
             _lds_store_bytes(w, a, data, ctx)
             counters.lds_access(a, nbytes, write=True)
+            _deliver(w, "lds", 0, None, (True, _lds_idx(a, nbytes)) if w.san is not None else None)
         return h
     m = re.match(r"ds_(\w+?)(_rtn)?_(u32|i32|f32|b32|pk_add_bf16|pk_add_f16)$", name)
     if name in ("ds_pk_add_bf16", "ds_pk_add_f16", "ds_pk_add_rtn_bf16", "ds_pk_add_rtn_f16"):
@@ -569,44 +668,30 @@ def build_ds(inst, ctx):
             if 0 <= x and x + 4 <= w.lds_size:
                 lds32[x: x + 4].view(U32)[0] = v
         olds = _atomic_rmw(rd, wr, a, w.v[vrow, act], op)
-        if drow is not None:
-            w.v[drow, act] = olds
         counters.lds_access(a, 4, write=True)
+        apply = None
+        if drow is not None:
+            def apply():
+                w.v[drow, act] = olds
+        # LDS atomics are not race-recorded: waves may legitimately update one counter concurrently
+        _deliver(w, "lds", _vmask(drow, 1) if drow is not None else 0, apply)
     return h
 
 
 def _ds_read_tr(inst, ctx, ops, offset, bits):
-    """ds_read_b64_tr_b16 (gfx950): a transposing LDS read for MFMA operands.
-
-    UNSURE model (checked against FlyDSL GEMMs run in the emulator): within each block of 16 lanes, every
-    lane supplies the address of a 64-bit row chunk; the block's 16 rows x 64 bits form a matrix of
-    elements that is handed out column-wise, so lane i of the block receives element i%(64/bits)... per
-    the layout below.
-    """
+    """ds_read_b64_tr_b{4,8,16} (gfx950): a transposing LDS read for MFMA operands; the lane mapping and
+    its evidence are in mfma.ds_read_tr_sources."""
     acc = ctx.acc_offset
     counters = ctx.counters
     drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
-    per_lane = 64 // bits          # elements each lane loads/receives
 
     def h(w):
         act = _active(w)
         a = w.v[arow].astype(np.int64) + offset
-        data = _lds_load_bytes(w, a, 8)                   # (64, 8) bytes: row chunk per lane
-        if bits == 16:
-            el = data.view(np.uint16).reshape(4, 16, per_lane)   # [block][lane in block][element]
-        elif bits == 8:
-            el = data.reshape(4, 16, per_lane)
-        else:
-            raise NotImplementedError("ds_read_b64_tr_b4")
-        # Within a block: treat the 16 lanes as groups of `per_lane` lanes. Lane i (in block) receives
-        # element e = i % ... : result[g*per_lane + j][k] = el[g'...]. Implemented as a transpose of each
-        # (per_lane x per_lane) sub-square of the 16 x per_lane block (groups of per_lane lanes).
-        out = np.empty_like(el)
-        for g in range(16 // per_lane):
-            sq = el[:, g * per_lane:(g + 1) * per_lane, :]          # [blk][lane j][elem k]
-            out[:, g * per_lane:(g + 1) * per_lane, :] = sq.transpose(0, 2, 1)
-        res = np.ascontiguousarray(out).reshape(64, 8).view(U32) if bits == 8 else \
-            np.ascontiguousarray(out).reshape(64, per_lane).view(U32)
-        w.v[drow: drow + 2, act] = res[act].T
+        res = mfma.ds_read_tr(bits, _lds_load_bytes(w, a, 8)).view(U32)   # (64, 2) dwords per lane
         counters.lds_access(a[act], 8, write=False)
+
+        def apply():
+            w.v[drow: drow + 2, act] = res[act].T
+        _deliver(w, "lds", _vmask(drow, 2), apply, (False, _lds_idx(a[act], 8)) if w.san is not None else None)
     return h

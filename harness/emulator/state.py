@@ -61,7 +61,7 @@ class Wave:
     """One wave64's architectural state. Vector registers are rows of a (N, 64) uint32 array."""
 
     __slots__ = ("s", "v", "scc", "pc", "done", "wave_id", "wg", "lds", "lds32", "lds_size", "launch",
-                 "wg_id", "trap")
+                 "wg_id", "trap", "san")
 
     def __init__(self, wave_id: int, wg, launch):
         self.s = [0] * N_SGPR
@@ -77,6 +77,7 @@ class Wave:
         self.lds_size = wg.lds.size
         self.wg_id = wg.ids
         self.trap = None
+        self.san = None          # sanitizer.WaveSan when a detector is on
 
     @property
     def exec(self) -> int:

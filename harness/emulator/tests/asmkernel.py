@@ -121,7 +121,7 @@ class Result:
 
 
 def run(body: str, vin=None, sin=None, *, block=64, grid=1, lds=65536, out_words=4096, prologue=True,
-        inputs: np.ndarray | None = None) -> Result:
+        inputs: np.ndarray | None = None, options: dict | None = None) -> Result:
     """Run `body` once per wave; vin: up to 4 (64,) uint32 rows for v2..v5; sin: up to 4 ints for s8..s11."""
     buf = np.zeros(4096, np.uint32) if inputs is None else inputs
     if vin is not None:
@@ -142,7 +142,7 @@ def run(body: str, vin=None, sin=None, *, block=64, grid=1, lds=65536, out_words
     waves = []
     engine.wave_end_hooks.append(waves.append)
     try:
-        rec = engine.execute(program, kernel, (grid, 1, 1), (block, 1, 1), kernarg, 0, proxy, {})
+        rec = engine.execute(program, kernel, (grid, 1, 1), (block, 1, 1), kernarg, 0, proxy, options or {})
     finally:
         engine.wave_end_hooks.remove(waves.append)
     return Result(waves, rec, out)

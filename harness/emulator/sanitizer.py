@@ -1,0 +1,505 @@
+"""The emulator as a sanitizer: missing waits, MFMA read-too-early hazards, LDS races and memory checking.
+
+Turned on per launch by `emulator.options(sanitize=True, memory=guard)` (the harness does it for every case).
+Every report raises SanitizerError, which the engine turns into a SanitizerReport (a LaunchError) naming the
+kernel, workgroup, wave, PC and instruction; lanes and addresses are in the message.
+
+Deferred completion (detector "waits"). A vector-memory load (global/flat/buffer, also the LDS-direct
+`buffer_load ... lds`), an LDS access and a scalar load reads memory when it issues but delivers its result
+(registers, or LDS bytes for the LDS-direct form / race bookkeeping) only when an s_waitcnt that covers it
+executes. The counting rules, as LLVM's SIInsertWaitcnts.cpp models gfx9 without a separate store counter:
+  - vmcnt: loads and stores share one counter and complete in issue order ("On targets without VScnt,
+    LOAD_CNT includes all of STORE_CNT as well ... do not go out of order with respect to each other",
+    WaitcntBrackets::counterOutOfOrder). vmcnt(N) completes all but the newest N.
+  - lgkmcnt: LDS operations complete in order among themselves; "Scalar memory read always can go out of
+    order" (counterOutOfOrder), so lgkmcnt(N) with N > 0 guarantees no scalar load, and guarantees every LDS
+    operation except the newest N (the file header: "when both SMEM and LDS are in flight and we need to wait
+    for the i-th-last LDS instruction, then an lgkmcnt(i) is actually sufficient"). lgkmcnt(0) completes all.
+  - expcnt counts exports and GDS only on gfx9 (vmemWriteNeedsExpWaitcnt() is false after SEA_ISLANDS):
+    nothing our kernels issue. FLAT is modelled as vmcnt only (no kernel of ours issues flat_*).
+Reading or writing a register whose load is outstanding is a missing wait. A second load into a register
+with an outstanding load of the same in-order queue (vm after vm, LDS after LDS) is legal (LLVM emits no
+wait for it); any other overlap is reported.
+
+MFMA hazards (detector "hazards"). The CDNA3 ISA's table "VOP3P-Matrix opcodes required NOPs" (LLVM
+GCNHazardRecognizer::checkMAIVALUHazards / checkMAIHazards90A, GFX940_XDL_N_Pass* helpers): after an XDL
+MFMA of P passes writes VGPRs, a VALU that reads or writes them, or a VMEM/DS that reads them, needs P+3
+wait states; another MFMA reading them as SrcA/B needs P+3, as an overlapping (not identical) SrcC P+1;
+an identical SrcC needs none (2 for 2-pass). Each instruction is one wait state, s_nop N is N+1. These are
+the CDNA3 (gfx940) numbers; newer LLVM adds one wait state on gfx950 for some rows, so the detector may miss
+a hazard that is one wait state short on gfx950, but it does not report a sequence gfx940 accepts.
+
+LDS races (detector "races"). Per workgroup and LDS byte: the last writer wave and the barrier epoch it wrote
+in, and the set of waves that read it in the current epoch. An access completing in the same epoch as a
+conflicting access of another wave (write/read, read/write, write/write) is a race. Accesses are recorded
+when they complete, so an LDS write not waited for before s_barrier belongs to the epoch after it.
+
+Memory checking: see MemoryMap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import numpy as np
+
+from .operands import parse_operand
+
+VBASE = 128        # register-slot bit of VGPR row 0 (SGPRs take bits 0..127)
+
+
+class SanitizerError(RuntimeError):
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"[{kind}] {message}")
+        self.kind = kind
+
+
+ALL_DETECTORS = frozenset({"waits", "hazards", "races", "interleave"})
+
+
+def detectors(spec) -> frozenset:
+    if not spec:
+        return frozenset()
+    if spec is True:
+        return ALL_DETECTORS
+    return frozenset(spec)
+
+
+# ---- register masks -----------------------------------------------------------------------------------
+
+def op_mask(tok: str, acc: int) -> int:
+    try:
+        op = parse_operand(tok)
+    except Exception:  # noqa: BLE001 - labels, waitcnt text: no register
+        return 0
+    if op.kind == "s":
+        if op.index >= VBASE:
+            return 0
+        return ((1 << op.count) - 1) << op.index
+    if op.kind in ("v", "a"):
+        row = op.index + (acc if op.kind == "a" else 0)
+        return ((1 << op.count) - 1) << (VBASE + row)
+    return 0
+
+
+def reg_names(mask: int, acc: int) -> str:
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(f"s{i}" if i < VBASE else (f"v{i - VBASE}" if i - VBASE < acc else f"a{i - VBASE - acc}"))
+        mask >>= 1
+        i += 1
+    return ",".join(out[:8]) + ("..." if len(out) > 8 else "")
+
+
+def _load_dst(inst) -> bool:
+    """True when operand 0 of this memory instruction is a destination written at completion."""
+    m = inst.mnemonic
+    if m.startswith(("s_load", "s_buffer_load")):
+        return True
+    if m.startswith(("global_load", "flat_load", "scratch_load")):
+        return True
+    if m.startswith("buffer_load"):
+        return not ("lds" in inst.mods and len(inst.operands) == 3)
+    if m.startswith(("global_atomic", "flat_atomic", "buffer_atomic")):
+        return "sc0" in inst.mods or "glc" in inst.mods
+    if m.startswith("ds_"):
+        return m.startswith(("ds_read", "ds_swizzle", "ds_permute", "ds_bpermute")) or "_rtn" in m
+    return False
+
+
+def is_memory(m: str) -> bool:
+    return m.startswith(("s_load", "s_buffer_load", "global_", "flat_", "scratch_", "buffer_", "ds_"))
+
+
+def mfma_passes(inst) -> int:
+    """Passes of an XDL MFMA (UNSURE for gfx950: lower bounds chosen so the hazard check stays sound)."""
+    m = inst.mnemonic
+    if "4x4" in m:
+        return 2
+    big = "32x32" in m
+    if "f8f6f4" in m:
+        fa, fb = int(inst.mods.get("cbsz", "0"), 0), int(inst.mods.get("blgp", "0"), 0)
+        fp8 = fa < 2 or fb < 2
+        return (16 if fp8 else 8) if big else (8 if fp8 else 4)
+    if re.search(r"_(fp8|bf8)_(fp8|bf8)$", m):
+        return 8 if big else 4
+    return 16 if big else 8
+
+
+class StaticInfo:
+    """Per-instruction tables for a program: register masks, wait states, hazard classes."""
+
+    def __init__(self, program, acc: int):
+        n = len(program.table)
+        self.touch = [0] * n          # registers checked against outstanding loads before issue
+        self.dst = [0] * n            # registers a memory instruction delivers at completion
+        self.wait_states = [1] * n
+        self.hz = [None] * n          # hazard class: 'valu', 'mem', ('mfma', a|b mask, c mask)
+        self.acc = acc
+        for inst in program.insts.values():
+            i = (inst.pc - program.base) >> 2
+            m = inst.mnemonic
+            masks = [op_mask(t, acc) for t in inst.operands]
+            allm = 0
+            for x in masks:
+                allm |= x
+            if is_memory(m):
+                if _load_dst(inst) and masks:
+                    self.dst[i] = masks[0]
+                    src = 0
+                    # buffer atomics with return read their data from the destination registers
+                    for x in (masks if m.startswith("buffer_atomic") else masks[1:]):
+                        src |= x
+                    self.touch[i] = src
+                else:
+                    self.touch[i] = allm
+                self.hz[i] = "mem"
+            else:
+                self.touch[i] = allm
+                if m.startswith(("v_mfma", "v_smfmac")):
+                    ab = 0
+                    for x in masks[1:3] + masks[4:]:
+                        ab |= x
+                    self.hz[i] = ("mfma", ab, masks[3] if len(masks) > 3 else 0)
+                elif m.startswith("v_"):
+                    self.hz[i] = "valu"
+            if m == "s_nop":
+                self.wait_states[i] = (inst.words[0] & 0xF) + 1 if inst.words else 1
+
+
+def waitcnt_fields(inst) -> tuple[int, int]:
+    """(vmcnt, lgkmcnt) of a gfx9 s_waitcnt from its SIMM16 (vm[3:0]|vm_hi[15:14], lgkm[11:8])."""
+    s = inst.words[0] & 0xFFFF
+    return (s & 0xF) | (((s >> 14) & 3) << 4), (s >> 8) & 0xF
+
+
+# ---- memory map: reachable tensors and poison ---------------------------------------------------------
+
+class MemoryMap:
+    """Byte ranges a launch may touch, and which bytes of fresh tensors have been written.
+
+    ranges: (start, end, name, poisoned) with poisoned ranges carrying a uint8 'written' byte map (1 = written
+    by the host after creation or by a kernel store). Lookups are vectorised (searchsorted over sorted starts).
+    """
+
+    def __init__(self, ranges):
+        ranges = sorted(ranges, key=lambda r: r[0])
+        self.names = [r[2] for r in ranges]
+        self.starts = np.array([r[0] for r in ranges], np.int64)
+        self.ends = np.array([r[1] for r in ranges], np.int64)
+        self.shadows = [r[3] for r in ranges]          # None or uint8 array over [start, end)
+
+    def _locate(self, a: np.ndarray, nbytes: int):
+        idx = np.searchsorted(self.starts, a, side="right") - 1
+        ok = idx >= 0
+        idxc = np.maximum(idx, 0)
+        ok &= (a + nbytes) <= self.ends[idxc] if len(self.ends) else False
+        return ok, idxc
+
+    def check(self, a, nbytes: int, lanes, what: str, read: bool, write: bool):
+        """Raise for any address outside every range or any poisoned byte read; mark written bytes."""
+        if not len(a):
+            return
+        a = np.asarray(a, np.int64)
+        ok, idx = self._locate(a, nbytes)
+        if not ok.all():
+            j = int(np.argmin(ok))
+            raise SanitizerError(
+                "out-of-bounds", f"{what} of {nbytes} bytes at address {int(a[j]):#x} (lane {int(lanes[j])}) "
+                f"is inside no tensor the launch can reach{self._near(int(a[j]))}")
+        for r in np.unique(idx).tolist():
+            sh = self.shadows[r]
+            if sh is None:
+                continue
+            sel = idx == r
+            off = (a[sel] - self.starts[r])[:, None] + np.arange(nbytes)
+            if read:
+                bad = sh[off] == 0
+                if bad.any():
+                    j, b = np.argwhere(bad)[0]
+                    lane = int(np.asarray(lanes)[sel][j])
+                    raise SanitizerError(
+                        "uninitialized", f"{what} reads never-written byte {int(a[sel][j]) + int(b):#x} "
+                        f"(offset {int(off[j, b])} of fresh tensor {self.names[r]}) in lane {lane}")
+            if write:
+                sh[off] = 1
+
+    def _near(self, addr: int) -> str:
+        if not len(self.starts):
+            return " (no tensors recorded)"
+        j = int(np.argmin(np.minimum(np.abs(self.starts - addr), np.abs(self.ends - addr))))
+        return f"; nearest: {self.names[j]} [{int(self.starts[j]):#x}, {int(self.ends[j]):#x})"
+
+
+# ---- LDS race shadow ----------------------------------------------------------------------------------
+
+class LdsShadow:
+    def __init__(self, size: int):
+        self.w_wave = np.full(size, -1, np.int16)
+        self.w_epoch = np.full(size, -1, np.int32)
+        self.r_mask = np.zeros(size, np.uint64)
+        self.r_epoch = np.full(size, -1, np.int32)
+        self.epoch = 0
+        self.size = size
+
+    def access(self, wave: int, idx: np.ndarray, write: bool, what: str):
+        idx = idx[(idx >= 0) & (idx < self.size)]
+        if not idx.size:
+            return
+        e = self.epoch
+        we = self.w_epoch[idx] == e
+        other_w = we & (self.w_wave[idx] != wave)
+        bit = np.uint64(1 << wave)
+        if write:
+            re_ = self.r_epoch[idx] == e
+            other_r = re_ & ((self.r_mask[idx] & ~bit) != 0)
+            bad = other_w | other_r
+            if bad.any():
+                j = int(np.argmax(bad))
+                if other_w[j]:
+                    who = f"written by wave {int(self.w_wave[idx[j]])}"
+                else:
+                    m = int(self.r_mask[idx[j]]) & ~(1 << wave)
+                    who = f"read by wave {(m & -m).bit_length() - 1}"
+                raise SanitizerError("lds-race", f"{what} writes LDS byte {int(idx[j])}, {who} with no s_barrier "
+                                                 f"in between")
+            self.w_wave[idx] = wave
+            self.w_epoch[idx] = e
+        else:
+            if other_w.any():
+                j = int(np.argmax(other_w))
+                raise SanitizerError("lds-race", f"{what} reads LDS byte {int(idx[j])}, written by wave "
+                                                 f"{int(self.w_wave[idx[j]])} with no s_barrier in between")
+            stale = self.r_epoch[idx] != e
+            if stale.any():
+                s = idx[stale]
+                self.r_mask[s] = 0
+                self.r_epoch[s] = e
+            self.r_mask[idx] = self.r_mask[idx] | bit
+
+
+# ---- per-wave state -----------------------------------------------------------------------------------
+
+class WaveSan:
+    """Outstanding memory operations, MFMA hazards and the handles handlers call."""
+
+    __slots__ = ("wave", "waits", "hazards_on", "races", "mem", "lds", "vm", "lgkm", "pend", "hazards", "clock",
+                 "static", "insts", "base", "cur_pc")
+
+    def __init__(self, wave, det, static, program, mem, lds_shadow):
+        self.wave = wave
+        self.waits = "waits" in det
+        self.hazards_on = "hazards" in det
+        self.races = lds_shadow if "races" in det else None
+        self.mem = mem
+        self.vm = deque()          # entries: [mask, apply, lds_rec, pc]
+        self.lgkm = deque()        # entries: [mask, apply, lds_rec, pc, is_smem]
+        self.pend = 0
+        self.hazards = []          # (dst mask, clock at issue, passes, pc)
+        self.clock = 0
+        self.static = static
+        self.insts = program.insts
+        self.base = program.base
+        self.cur_pc = 0
+
+    # -- issue/complete ---------------------------------------------------------------------------------
+    def issue(self, queue: str, mask: int, apply, lds_rec=None):
+        """queue: 'vm', 'lds' or 'smem'. apply() delivers the result; lds_rec = (write?, byte idx)."""
+        pc = self.cur_pc
+        if not self.waits:
+            if apply is not None:
+                apply()
+            if lds_rec is not None and self.races is not None:
+                self._record(lds_rec, pc)
+            return
+        if mask & self.pend:
+            q = self.vm if queue == "vm" else self.lgkm
+            other = self.lgkm if queue == "vm" else self.vm
+            clash = [e for e in other if e[0] & mask]
+            if queue == "smem" or any(len(e) > 4 and e[4] for e in q if e[0] & mask):
+                clash += [e for e in q if e[0] & mask]
+            if clash:
+                e = clash[0]
+                raise SanitizerError(
+                    "missing-wait", f"overwrites {reg_names(mask & e[0], self.static.acc)} while "
+                    f"'{self._text(e[3])}' (pc {e[3]:#x}) into them is outstanding; the two may complete in "
+                    f"either order")
+        entry = [mask, apply, lds_rec, pc] if queue == "vm" else [mask, apply, lds_rec, pc, queue == "smem"]
+        (self.vm if queue == "vm" else self.lgkm).append(entry)
+        self.pend |= mask
+
+    def _record(self, lds_rec, pc):
+        write, idx = lds_rec
+        self.races.access(self.wave.wave_id, idx, write, f"'{self._text(pc)}' (pc {pc:#x})")
+
+    def _complete(self, e):
+        if e[1] is not None:
+            e[1]()
+        if e[2] is not None and self.races is not None:
+            self._record(e[2], e[3])
+
+    def _repend(self):
+        p = 0
+        for e in self.vm:
+            p |= e[0]
+        for e in self.lgkm:
+            p |= e[0]
+        self.pend = p
+
+    def waitcnt(self, vm: int, lgkm: int):
+        changed = False
+        while len(self.vm) > vm:
+            self._complete(self.vm.popleft())
+            changed = True
+        if len(self.lgkm) > lgkm:
+            if lgkm == 0 or not any(e[4] for e in self.lgkm):
+                while len(self.lgkm) > lgkm:
+                    self._complete(self.lgkm.popleft())
+            else:
+                # SMEM may complete out of order: only LDS operations older than the newest `lgkm` LDS ones
+                lds = [e for e in self.lgkm if not e[4]]
+                done = lds[: max(0, len(lds) - lgkm)]
+                for e in done:
+                    self._complete(e)
+                ids = {id(e) for e in done}
+                self.lgkm = deque(e for e in self.lgkm if id(e) not in ids)
+            changed = True
+        if changed:
+            self._repend()
+
+    def drain(self):
+        self.waitcnt(0, 0)
+
+    # -- checks ------------------------------------------------------------------------------------------
+    def missing_wait(self, i: int):
+        hit = self.pend & self.static.touch[i]
+        for e in list(self.vm) + list(self.lgkm):
+            if e[0] & hit:
+                cnt = "vmcnt" if len(e) == 4 else "lgkmcnt"
+                raise SanitizerError(
+                    "missing-wait", f"reads/writes {reg_names(e[0] & hit, self.static.acc)} before the "
+                    f"s_waitcnt {cnt} covering '{self._text(e[3])}' (pc {e[3]:#x})")
+        raise SanitizerError("missing-wait", f"touches {reg_names(hit, self.static.acc)} with a load outstanding")
+
+    def mfma_issued(self, i: int):
+        inst = self.insts[self.base + 4 * i]
+        if not self.hazards:
+            self.clock = 0
+        self.hazards.append((self.static.dst_of_mfma[i], self.clock, mfma_passes(inst), self.base + 4 * i))
+
+    def check_hazards(self, i: int):
+        hz = self.static.hz[i]
+        live = []
+        for dmask, t0, passes, pc in self.hazards:
+            elapsed = self.clock - t0
+            if elapsed >= passes + 3:
+                continue
+            live.append((dmask, t0, passes, pc))
+            need = 0
+            if hz == "valu" or hz == "mem":
+                if self.static.touch[i] & dmask:
+                    need = passes + 3
+            elif hz is not None:
+                _, ab, c = hz
+                if ab & dmask:
+                    need = passes + 3
+                elif c & dmask:
+                    need = (2 if passes == 2 else 0) if c == dmask else passes + 1
+            if elapsed < need:
+                raise SanitizerError(
+                    "mfma-hazard", f"reads/writes {reg_names(dmask & (self.static.touch[i]), self.static.acc)} "
+                    f"{elapsed} wait states after '{self._text(pc)}' (pc {pc:#x}, {passes} passes) wrote them; "
+                    f"the CDNA3 ISA requires {need} (s_nop or independent instructions)")
+        self.hazards = live
+        self.clock += self.static.wait_states[i]
+
+    def _text(self, pc):
+        inst = self.insts.get(pc)
+        return inst.text.strip() if inst else "?"
+
+
+# ---- instrumenting a program --------------------------------------------------------------------------
+
+class Instrumented:
+    """A program's handler table with s_waitcnt / MFMA / SMEM replaced by sanitizer-aware handlers."""
+
+    def __init__(self, program, acc: int):
+        self.static = StaticInfo(program, acc)
+        self.static.dst_of_mfma = [0] * len(program.table)
+        table = list(program.table)
+        for inst in program.insts.values():
+            i = (inst.pc - program.base) >> 2
+            fn, nxt = table[i]
+            m = inst.mnemonic
+            if m == "s_waitcnt":
+                vm, lgkm = waitcnt_fields(inst)
+                table[i] = (_waitcnt_handler(vm, lgkm), nxt)
+            elif m.startswith(("v_mfma", "v_smfmac")):
+                masks = [op_mask(t, acc) for t in inst.operands]
+                self.static.dst_of_mfma[i] = masks[0] if masks else 0
+                table[i] = (_mfma_handler(fn, i), nxt)
+            elif m.startswith(("s_load", "s_buffer_load")):
+                table[i] = (_smem_handler(fn, inst, self.static.dst[i]), nxt)
+        self.table = table
+
+
+def _waitcnt_handler(vm, lgkm):
+    def h(w):
+        s = w.san
+        if s is not None:
+            s.waitcnt(vm, lgkm)
+    return h
+
+
+def _mfma_handler(fn, i):
+    def h(w):
+        r = fn(w)
+        s = w.san
+        if s is not None and s.hazards_on:
+            s.mfma_issued(i)
+        return r
+    return h
+
+
+def _smem_handler(fn, inst, mask):
+    """Run the scalar load now, check its address, and deliver the SGPRs at the covering s_waitcnt."""
+    ops = [parse_operand(o) for o in inst.operands]
+    m = re.match(r"s_(load|buffer_load)_dword(?:x(\d+))?$", inst.mnemonic)
+    n = int(m.group(2) or 1) if m else 1
+    dst = ops[0].index
+    base_idx = ops[1].index if len(ops) > 1 else 0
+    is_buffer = inst.mnemonic.startswith("s_buffer")
+    imm = int(inst.mods.get("offset", "0"), 0) if "offset" in inst.mods else 0
+    soff_idx, cimm = None, 0
+    for o in ops[2:]:
+        if o.kind == "const":
+            cimm += int(o.value)
+        elif o.kind == "s":
+            soff_idx = o.index
+
+    def h(w):
+        s = w.san
+        if s is None:
+            return fn(w)
+        if s.mem is not None:
+            sg = w.s
+            base = sg[base_idx] | ((sg[base_idx + 1] & (0xFFFF if is_buffer else 0xFFFFFFFF)) << 32)
+            off = imm + cimm + (sg[soff_idx] if soff_idx is not None else 0)
+            addr = (base + (off & ~3)) & ((1 << 64) - 1)
+            nb = 4 * n
+            if is_buffer:
+                nb = max(0, min(nb, sg[base_idx + 2] - (off & ~3)))
+            if nb:
+                s.mem.check(np.array([addr]), nb, np.array([0]), f"'{inst.text.strip()}'", read=True, write=False)
+        old = w.s[dst: dst + n]
+        fn(w)
+        new = w.s[dst: dst + n]
+        w.s[dst: dst + n] = old
+
+        def apply():
+            w.s[dst: dst + n] = new
+        s.issue("smem", mask, apply)
+    return h
