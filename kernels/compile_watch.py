@@ -113,7 +113,8 @@ def install() -> None:
 
             if ir.Context.current is None:  # an outer launch, not a nested trace
                 try:
-                    bound = self._sig.bind(*self._split_self(args)[1], **kwargs)
+                    _, plain_args = self._split_self(args)  # resolves self._sig on a first call
+                    bound = self._sig.bind(*plain_args, **kwargs)
                     key = {name: _summarize(v) for name, v in bound.arguments.items()}
                 except (TypeError, AttributeError):
                     key = {"args": f"{len(args)} positional"}

@@ -13,13 +13,17 @@ All of that runs inside compile_watch.warming(), so only compiles outside a warm
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
+import json
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
@@ -100,49 +104,87 @@ def _progress(items, desc: str, total: int | None = None):
     return tqdm(items, desc=desc, total=total, unit="variant", leave=False, disable=not sys.stderr.isatty())
 
 
+class _CompilePool:
+    """Long-lived compile workers: fresh interpreters (never a fork of the caller, whose __main__ may be
+    unguarded), each paying the torch + FlyDSL import (~3.5 s) once per process, not once per entry."""
+
+    def __init__(self, size: int):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        script = "from amd_kernels.warm_up import _worker_loop; _worker_loop()"
+        self._procs = [
+            subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+            for _ in range(size)
+        ]
+        atexit.register(self.close)
+
+    def compile(self, module: str, keys: list[str], label: str) -> None:
+        jobs: queue.Queue = queue.Queue()
+        for key in keys:
+            jobs.put(key)
+        bar = _progress(None, f"{label}: compiling", total=len(keys))
+        errors: list[str] = []
+
+        def serve(proc):
+            while not errors:
+                try:
+                    key = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                proc.stdin.write(json.dumps({"module": module, "key": key}) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                reply = json.loads(line) if line else {"error": "the compile worker exited"}
+                if "error" in reply:
+                    errors.append(f"{key}: {reply['error']}")
+                elif bar is not None:
+                    bar.update(1)
+
+        threads = [threading.Thread(target=serve, args=(p,)) for p in self._procs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if bar is not None:
+            bar.close()
+        if errors:
+            raise RuntimeError(f"{label}: compile failed: {errors[0]}")
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.stdin.close()
+                proc.wait(timeout=30)
+
+
+_pool: _CompilePool | None = None
+
+
 def _compile_in_workers(module: str, keys: list[str], label: str) -> None:
-    """Compile `keys` in fresh interpreters (never fork/spawn of the caller: its __main__ may be unguarded)."""
-    workers = int(os.environ.get(WORKERS_ENV, "0")) or min(len(keys), os.cpu_count() or 1)
-    if workers <= 1:  # one miss: compiling here beats starting an interpreter (~3.5 s for torch + FlyDSL)
+    global _pool
+    size = int(os.environ.get(WORKERS_ENV, "0")) or (os.cpu_count() or 1)
+    if _pool is None and (len(keys) == 1 or size <= 1):
+        # A lone miss compiles faster here than in a worker that still has to import torch and FlyDSL.
         for key in _progress(keys, f"{label}: compiling"):
             importlib.import_module(module).VARIANTS._compile(key)
         return
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    script = "import sys; from amd_kernels.warm_up import _worker_main; _worker_main(sys.argv[1], sys.argv[2:])"
-    procs = [
-        subprocess.Popen([sys.executable, "-c", script, module, *keys[i::workers]], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(workers)
-    ]
-    bar = _progress(None, f"{label}: compiling", total=len(keys))
-    errors = []
-
-    def drain(proc):
-        for line in proc.stdout:
-            if line.startswith("compiled ") and bar is not None:
-                bar.update(1)
-        errors.append((proc, proc.stderr.read()))
-
-    readers = [threading.Thread(target=drain, args=(p,)) for p in procs]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join()
-    for proc in procs:
-        proc.wait()
-    if bar is not None:
-        bar.close()
-    failed = [err for proc, err in errors if proc.returncode]
-    if failed:
-        raise RuntimeError(f"{label}: a compile worker failed:\n{failed[0][-4000:]}")
+    if _pool is None:
+        _pool = _CompilePool(size)
+    _pool.compile(module, keys, label)
 
 
-def _worker_main(module: str, keys: list[str]) -> None:
-    table = importlib.import_module(module).VARIANTS
-    for key in keys:
+def _worker_loop() -> None:
+    """A compile worker: one JSON request per line on stdin, one JSON reply per line on stdout."""
+    for line in sys.stdin:
+        request = json.loads(line)
         start = time.perf_counter()
-        table._compile(key)
-        print(f"compiled {key} {time.perf_counter() - start:.2f}", flush=True)
+        try:
+            importlib.import_module(request["module"]).VARIANTS._compile(request["key"])
+            reply = {"seconds": time.perf_counter() - start}
+        except Exception:  # noqa: BLE001 - the traceback goes back to the process that asked
+            reply = {"error": traceback.format_exc()[-4000:]}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
 
 
 def entry(table: VariantTable, modes: dict[str, list[str]], mode_of: Callable[..., str]):

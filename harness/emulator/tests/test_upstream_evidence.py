@@ -152,16 +152,10 @@ def _tr16_in_emulator():
     return got, lds_words.view(np.uint8).reshape(128, 8)[addr // 8]
 
 
-def _tr_fixed():
-    got, chunks = _tr16_in_emulator()
-    return np.array_equal(got, mfma.ds_read_tr(16, chunks))
-
-
 def test_ds_read_b64_tr_b16_instruction_uses_the_settled_rule():
     got, chunks = _tr16_in_emulator()
-    if np.array_equal(got, _old_tr16(chunks)) and not _tr_fixed():
-        pytest.xfail("ops_memory._ds_read_tr still has the old lane grouping; it should call mfma.ds_read_tr")
     assert np.array_equal(got, mfma.ds_read_tr(16, chunks))
+    assert not np.array_equal(got, _old_tr16(chunks))  # the data tells the two rules apart
 
 
 # ------------------------------------------------------------------------------------- upstream kernels
@@ -291,10 +285,7 @@ def _run_flash(B, S, H, HKV, D, causal):
 
 @pytest.mark.parametrize("B,S,H,HKV,D,causal", [(1, 256, 1, 1, 64, True), (1, 300, 4, 2, 64, False)])
 def test_flydsl_flash_attn_gfx950_matches_torch(B, S, H, HKV, D, causal):
-    cos = _run_flash(B, S, H, HKV, D, causal)
-    if not _tr_fixed():
-        pytest.xfail(f"needs ops_memory._ds_read_tr -> mfma.ds_read_tr (cos {cos:.3f} with the old model)")
-    assert cos > 0.9999
+    assert _run_flash(B, S, H, HKV, D, causal) > 0.9999
 
 
 def test_flydsl_flash_attn_rejects_other_32x32_rows(monkeypatch):
@@ -329,6 +320,4 @@ def test_flydsl_gemm_a16w16_gfx950_matches_torch(layout, monkeypatch):
             gemm_a16w16(a, b, c, bias=None, user_kwargs=kw, layout=layout)
     assert recs
     cos = _cos(c, a.float() @ b.float())
-    if layout != "nt" and not _tr_fixed():
-        pytest.xfail(f"needs ops_memory._ds_read_tr -> mfma.ds_read_tr (cos {cos:.3f} with the old model)")
     assert cos > 0.9999

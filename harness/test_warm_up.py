@@ -1,0 +1,63 @@
+"""Warm-up compiles every variant in workers before serving; a compile after it is reported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from amd_kernels import compile_watch, warm_up
+
+
+@pytest.fixture
+def rmsnorm_pkg():
+    import amd_kernels.norm.rmsnorm_h2880 as pkg
+
+    pkg.rmsnorm.warm_up()
+    return pkg
+
+
+def test_plain_jit_call_after_warm_up_is_an_error_naming_the_call_site(rmsnorm_pkg):
+    variant = rmsnorm_pkg.VARIANTS.variants["rmsnorm.decode"]
+    with pytest.raises(compile_watch.CompileWhileServingError) as err:
+        variant.launcher(*variant.example_args())
+    message = str(err.value)
+    assert "test_warm_up.py" in message  # the first frame outside amd_kernels and flydsl
+    assert "plain @flyc.jit call" in message
+
+
+def test_a_new_specialization_names_what_changed_in_the_key(rmsnorm_pkg):
+    variant = rmsnorm_pkg.VARIANTS.variants["rmsnorm.decode"]
+    x, w, out, m, eps = variant.example_args()
+    with pytest.raises(compile_watch.CompileWhileServingError) as err:
+        variant.launcher(x.to(torch.float16), w, out, m, eps)
+    assert "Tensor[torch.bfloat16, rank 2] -> Tensor[torch.float16, rank 2]" in str(err.value)
+
+
+def test_report_is_a_warning_without_the_error_switch(rmsnorm_pkg, monkeypatch):
+    monkeypatch.setenv(compile_watch.ERROR_ENV, "0")
+    variant = rmsnorm_pkg.VARIANTS.variants["rmsnorm.decode"]
+    with pytest.warns(compile_watch.CompileWhileServing):
+        variant.launcher(*variant.example_args())
+
+
+def test_cold_warm_up_compiles_misses_in_worker_processes(tmp_path, monkeypatch):
+    """With an empty disk cache, a batch of misses goes to the worker pool, then loads from disk here."""
+    import amd_kernels.norm.rmsnorm_h6144 as pkg
+
+    monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(warm_up.WORKERS_ENV, "2")
+    monkeypatch.setattr(warm_up, "_pool", None)
+    table = warm_up.VariantTable(pkg.VARIANTS.module, pkg.VARIANTS.variants)  # nothing loaded yet
+    keys = ["rmsnorm.decode", "rmsnorm.prefill"]
+    with compile_watch.recording() as events:
+        report = table.warm(keys, "test")
+    pool = warm_up._pool
+    try:
+        assert pool is not None and len(pool._procs) == 2
+        assert report["compiled"] == 2 and all(table.is_loaded(k) for k in keys)
+        assert len(list(tmp_path.rglob("*"))) >= 2  # the workers wrote the disk cache
+        assert compile_watch.serving_compiles(events) == []
+    finally:
+        if pool is not None:
+            pool.close()
+        monkeypatch.setattr(warm_up, "_pool", None)
