@@ -25,6 +25,7 @@ class KernelPackage:
     entries: dict  # entry name -> reference op name
     prepare: dict  # entry name -> name of the package function mapping reference inputs to entry inputs
     workgroups: str  # "rows": workgroup x computes a contiguous block of token rows; "" = no sampling
+    emulator_token_counts: tuple  # token counts the emulator checks by default; () = every regime count
     readme: Path
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. split-K tiers whose
     # partials must all be written before a second launch reads them run whole at small token counts)
@@ -61,6 +62,7 @@ def discover() -> dict[str, KernelPackage]:
             entries={name: spec["op"] for name, spec in data["entries"].items()},
             prepare={name: spec["prepare"] for name, spec in data["entries"].items() if "prepare" in spec},
             workgroups=data.get("workgroups", ""),
+            emulator_token_counts=tuple(data.get("emulator", {}).get("token_counts", ())),
             sample_above_tokens=int(data.get("sample_above_tokens", 0)),
             readme=decl.parent / "README.md",
         )
