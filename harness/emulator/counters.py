@@ -7,49 +7,36 @@ from collections import Counter
 import numpy as np
 
 LDS_BANKS = 32          # 4-byte banks; UNSURE for gfx950 (CDNA3 has 32; a model, not a measurement)
-_COMPACT_AT = 1 << 22   # pending dword addresses before deduplicating
+_COMPACT_AT = 1 << 16   # pending runs before merging
 
 
-class _DistinctDwords:
-    """Distinct 4-byte-aligned dwords touched (bytes reported as 4 x dwords)."""
-
-    def __init__(self):
-        self._pending: list[np.ndarray] = []
-        self._n = 0
-        self._seen = np.zeros(0, np.int64)
-
-    def add(self, addrs: np.ndarray, nbytes: int) -> None:
-        first = addrs.astype(np.int64) >> 2
-        last = (addrs.astype(np.int64) + nbytes - 1) >> 2
-        span = int((last - first).max()) + 1 if len(first) else 0
-        d = (first[:, None] + np.arange(span)).ravel() if span > 1 else first
-        self._pending.append(d)
-        self._n += d.size
-        if self._n > _COMPACT_AT:
-            self._compact()
-
-    def _compact(self):
-        if self._pending:
-            self._seen = np.unique(np.concatenate([self._seen] + self._pending))
-            self._pending, self._n = [], 0
-
-    def bytes(self) -> int:
-        self._compact()
-        return 4 * int(self._seen.size)
+def _runs(addrs: np.ndarray, nbytes: int, shift: int) -> np.ndarray:
+    """Lane accesses [a, a + nbytes) in units of 2^shift bytes, merged into sorted disjoint [start, end) runs
+    (a wave's lanes mostly touch a few contiguous spans, so this keeps the pending list short)."""
+    a = np.sort(np.asarray(addrs).astype(np.int64))
+    first = a >> shift
+    end = ((a + nbytes - 1) >> shift) + 1          # monotone in a, like first
+    new = np.ones(len(a), bool)
+    new[1:] = first[1:] > end[:-1]
+    last = np.ones(len(a), bool)
+    last[:-1] = new[1:]
+    return np.stack([first[new], end[last]], axis=1)
 
 
 class _Intervals:
-    """Byte intervals [start, end) written, merged into a sorted disjoint (k, 2) int64 array."""
+    """Intervals [start, end) (bytes, or dwords with shift=2) touched, merged into a sorted disjoint (k, 2)
+    int64 array."""
 
-    def __init__(self):
+    def __init__(self, shift: int = 0):
+        self._shift = shift
         self._pending: list[np.ndarray] = []
         self._n = 0
         self._merged = np.zeros((0, 2), np.int64)
 
     def add(self, addrs: np.ndarray, nbytes: int) -> None:
-        a = np.asarray(addrs, np.int64)
-        self._pending.append(np.stack([a, a + nbytes], axis=1))
-        self._n += a.size
+        runs = _runs(addrs, nbytes, self._shift)
+        self._pending.append(runs)
+        self._n += len(runs)
         if self._n > _COMPACT_AT:
             self._compact()
 
@@ -69,6 +56,20 @@ class _Intervals:
     def array(self) -> np.ndarray:
         self._compact()
         return self._merged
+
+    def units(self) -> int:
+        iv = self.array()
+        return int((iv[:, 1] - iv[:, 0]).sum())
+
+
+class _DistinctDwords(_Intervals):
+    """Distinct 4-byte-aligned dwords touched (bytes reported as 4 x dwords)."""
+
+    def __init__(self):
+        super().__init__(shift=2)
+
+    def bytes(self) -> int:
+        return 4 * self.units()
 
 
 class Counters:

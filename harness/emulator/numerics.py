@@ -393,6 +393,18 @@ def _pack_bits(codes: np.ndarray, width: int, ndwords: int) -> np.ndarray:
 
 def _unpack_bits(dwords: np.ndarray, width: int, n: int) -> np.ndarray:
     """(ndwords, 64) dwords -> (64, n) codes (inverse of _pack_bits)."""
+    if width in (4, 8, 16, 32) and np.little_endian:
+        # Fields never straddle dwords: read them from the lanes' little-endian bytes.
+        lanes = np.ascontiguousarray(np.asarray(dwords, dtype=np.uint32).T)       # (64, ndwords)
+        if width == 32:
+            return lanes[:, :n].copy()
+        if width == 4:
+            b = lanes.view(np.uint8)
+            out = np.empty((b.shape[0], 2 * b.shape[1]), dtype=np.uint32)
+            out[:, 0::2] = b & 0xF
+            out[:, 1::2] = b >> 4
+            return out[:, :n]
+        return lanes.view(np.uint8 if width == 8 else np.uint16)[:, :n].astype(np.uint32)
     d = np.asarray(dwords, dtype=np.uint64)
     d = np.concatenate([d, np.zeros((1, d.shape[1]), dtype=np.uint64)])
     out = np.empty((d.shape[1], n), dtype=np.uint32)

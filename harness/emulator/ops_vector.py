@@ -73,6 +73,18 @@ def _fmed3(a, b, c):
     return np.fmax(np.fmin(a, b), np.fmin(np.fmax(a, b), c))
 
 
+def _ieee_minmax(a, b, minimum: bool):
+    """IEEE 754-2019 minimum/maximum (gfx950 v_minimum3/v_maximum3, LLVM's llvm.minimum/maximum): a NaN
+    operand gives a (quiet) NaN, and -0 < +0."""
+    a, b = np.asarray(a, F32), np.asarray(b, F32)
+    r = np.minimum(a, b) if minimum else np.maximum(a, b)
+    both_zero = (a == 0) & (b == 0)
+    neg = (np.signbit(a) | np.signbit(b)) if minimum else (np.signbit(a) & np.signbit(b))
+    r = np.where(both_zero, np.where(neg, F32(-0.0), F32(0.0)), r).astype(F32)
+    bits = r.view(U32)
+    return np.where(np.isnan(r), bits | U32(0x00400000), bits).view(F32)
+
+
 def _fma32(a, b, c):
     # float64 holds a*b exactly for float32 inputs; the final sum rounds once more (double rounding is
     # off by one ulp only in rare ties).
@@ -157,6 +169,10 @@ OPS = {
     "v_max3_f32": ("f32", ("f32", "f32", "f32"), lambda a, b, c: np.fmax(np.fmax(a, b), c)),
     "v_min3_f32": ("f32", ("f32", "f32", "f32"), lambda a, b, c: np.fmin(np.fmin(a, b), c)),
     "v_med3_f32": ("f32", ("f32", "f32", "f32"), _fmed3),
+    "v_minimum3_f32": ("f32", ("f32", "f32", "f32"),
+                       lambda a, b, c: _ieee_minmax(_ieee_minmax(a, b, True), c, True)),
+    "v_maximum3_f32": ("f32", ("f32", "f32", "f32"),
+                       lambda a, b, c: _ieee_minmax(_ieee_minmax(a, b, False), c, False)),
     "v_mov_b32": ("b32", ("b32",), lambda a: a),
     "v_not_b32": ("b32", ("b32",), lambda a: ~a),
     "v_bfrev_b32": ("b32", ("b32",), lambda a: np.unpackbits(np.broadcast_to(np.asarray(a, U32), (WAVE,)).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, ::-1].copy().reshape(-1, 4, 8)[:, :, :].reshape(-1, 32).dot(1 << np.arange(31, -1, -1, dtype=np.int64)).astype(U32)),
