@@ -27,7 +27,8 @@ MFMA of P passes writes VGPRs, a VALU that reads or writes them, or a VMEM/DS th
 wait states; another MFMA reading them as SrcA/B needs P+3, as an overlapping (not identical) SrcC P+1;
 an identical SrcC needs none (2 for 2-pass). Each instruction is one wait state, s_nop N is N+1. These are
 the CDNA3 (gfx940) numbers; newer LLVM adds one wait state on gfx950 for some rows, so the detector may miss
-a hazard that is one wait state short on gfx950, but it does not report a sequence gfx940 accepts.
+a hazard that is one wait state short on gfx950. Pass counts come from each MFMA's FLOPs and the published
+per-format rates (mfma_passes).
 
 LDS races (detector "races"). Per workgroup and LDS byte: the last writer wave and the barrier epoch it wrote
 in, and the set of waves that read it in the current epoch. An access completing in the same epoch as a
@@ -114,19 +115,29 @@ def is_memory(m: str) -> bool:
     return m.startswith(("s_load", "s_buffer_load", "global_", "flat_", "scratch_", "buffer_", "ds_"))
 
 
+# Dense MFMA rates on MI355X per SIMD per clock (GFX950.md: per CU 4096 bf16, 8192 fp8, 16384 fp6/fp4).
+_FLOP_PER_CLOCK = {"bf16": 1024, "f16": 1024, "f32": 256, "xf32": 512, "i8": 2048, "fp8": 2048, "fp4": 4096}
+
+
 def mfma_passes(inst) -> int:
-    """Passes of an XDL MFMA (UNSURE for gfx950: lower bounds chosen so the hazard check stays sound)."""
+    """Passes (4 clocks each) of an XDL MFMA: its FLOPs over the chip's published rate for its operand
+    formats, the slower operand deciding. Cross-check: LLVM 22 separates a v_mfma_f32_16x16x32_bf16 from
+    a VALU read of its result by 10 wait states, which fits 4 passes (needs 7), not 8 (needs 11).
+    UNSURE: whether the older forms (16x16x16 bf16, 16x16x32 fp8) run at gfx950's doubled rates; assuming
+    they do gives the smaller pass count, so the detector may miss a hazard but never reports valid code."""
     m = inst.mnemonic
-    if "4x4" in m:
-        return 2
-    big = "32x32" in m
+    dims = re.search(r"_(\d+)x(\d+)x(\d+)", m)
+    if dims is None:
+        raise ValueError(f"{m}: no MxNxK in the MFMA mnemonic")
+    flops = 2 * int(dims.group(1)) * int(dims.group(2)) * int(dims.group(3))
     if "f8f6f4" in m:
-        fa, fb = int(inst.mods.get("cbsz", "0"), 0), int(inst.mods.get("blgp", "0"), 0)
-        fp8 = fa < 2 or fb < 2
-        return (16 if fp8 else 8) if big else (8 if fp8 else 4)
-    if re.search(r"_(fp8|bf8)_(fp8|bf8)$", m):
-        return 8 if big else 4
-    return 16 if big else 8
+        codes = (int(inst.mods.get("cbsz", "0"), 0), int(inst.mods.get("blgp", "0"), 0))
+        kind = "fp8" if min(codes) < 2 else "fp4"  # codes 0-1: FP8/BF8, 2-4: FP6/BF6/FP4 (FP6 runs at FP4 rate)
+    elif re.search(r"(fp8|bf8)", m):
+        kind = "fp8"
+    else:
+        kind = next((k for k in ("xf32", "bf16", "f16", "i8", "f32") if m.endswith(k) or f"_{k}_" in m), "f32")
+    return max(2, flops // _FLOP_PER_CLOCK[kind] // 4)
 
 
 class StaticInfo:
