@@ -30,7 +30,7 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
             raise ValueError(f"top_k: this kernel selects {globals_top_k} experts, got {top_k}")
         weights, ids = outputs(x)
         if x.shape[0]:
-            table["route.all"](x, router_weight, router_bias, weights, ids, x.shape[0])
+            table["route.all"](x, router_weight, router_bias, weights, ids, x.shape[0], host.stream_of(x))
         return weights, ids
 
     globals_top_k = top_k

@@ -2,8 +2,9 @@
 
 The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the contract is
 references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
-- M <= 64: one token tile, 64 features per wave, split-K 8 (4 steps each): 45 x 8 = 360 workgroups.
-- 64 < M <= 512: 64 x 64 tiles, split-K 2: 45 x 2 x ceil(M/64) (360 at M = 256).
+- M <= 16: 16 x 16 tiles, split-K 2: 180 x 2 = 360 workgroups.
+- M <= 48: 16 x 16 tiles, no split (360 / 540 workgroups); M <= 64: 32 x 16 tiles (360).
+- 64 < M <= 512: 64 x 32 tiles, no split (360 at M = 256).
 - M > 512: 64 x 64 tiles, no split.
 """
 
@@ -14,11 +15,11 @@ N = 2880
 K = 4096
 SHAPE_TOKEN = "mxfp8_n2880_k4096"
 TIERS = {
-    "m16": Tier(16, mc=1, nb=4, sps=4),
-    "m32": Tier(32, mc=2, nb=4, sps=4),
-    "m48": Tier(48, mc=3, nb=4, sps=4),
-    "m64": Tier(64, mc=4, nb=4, sps=4),
-    "mid": Tier(512, mc=4, nb=4, sps=16),
+    "m16": Tier(16, mc=1, nb=1, sps=16),
+    "m32": Tier(32, mc=1, nb=1, sps=32),
+    "m48": Tier(48, mc=1, nb=1, sps=32),
+    "m64": Tier(64, mc=2, nb=1, sps=32),
+    "mid": Tier(512, mc=4, nb=2, sps=32),
     "prefill": Tier(1 << 31, mc=4, nb=4, sps=32),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

@@ -2,8 +2,8 @@
 
 The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the contract is
 references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
-- M <= 64: one token tile of 16*mc rows, 64 features per wave, split-K 4 (6 of the 23 steps each):
-  80 x 4 = 320 workgroups.
+- M <= 64: one token tile of 16*mc rows (mc = ceil(M/16): no padded MFMA), 16 features per wave, no split:
+  320 workgroups, weights read once, no partials.
 - M > 64: 64 x 64 tiles, no split: 80 x ceil(M/64) workgroups (320 at M = 256).
 """
 
@@ -14,10 +14,10 @@ N = 5120
 K = 2880
 SHAPE_TOKEN = "mxfp8_n5120_k2880"
 TIERS = {
-    "m16": Tier(16, mc=1, nb=4, sps=6),
-    "m32": Tier(32, mc=2, nb=4, sps=6),
-    "m48": Tier(48, mc=3, nb=4, sps=6),
-    "m64": Tier(64, mc=4, nb=4, sps=6),
+    "m16": Tier(16, mc=1, nb=1, sps=23),
+    "m32": Tier(32, mc=2, nb=1, sps=23),
+    "m48": Tier(48, mc=3, nb=1, sps=23),
+    "m64": Tier(64, mc=4, nb=1, sps=23),
     "large": Tier(1 << 31, mc=4, nb=4, sps=23),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

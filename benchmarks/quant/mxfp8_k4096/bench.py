@@ -1,0 +1,12 @@
+"""quant/mxfp8_k4096: bf16 -> MXFP8 rows of K = 4096. Run: python3 -m benchmarks.runner quant/mxfp8_k4096"""
+
+from benchmarks.gemm.mxfp8_cost import quant_cost
+
+PACKAGE = "quant/mxfp8_k4096"
+OP = "mxfp8_quant"
+DIMS = {"k": 4096}
+TOKENS = (1, 8, 64, 256, 2048)
+
+
+def cost(m: int):
+    return quant_cost(m, 4096)

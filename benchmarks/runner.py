@@ -1,0 +1,193 @@
+"""The shared benchmark runner: one kernel package's entry at chosen token counts.
+
+    python3 -m benchmarks.runner gemm/mxfp8_n5120_k2880 [--tokens 1,8,64,256,2048] [--json]
+
+A benchmark is `benchmarks/<category>/<shape token>/bench.py` defining
+    PACKAGE  "<category>/<shape token>" (the kernel package), OP (reference op name), DIMS (its dims),
+    TOKENS   default token counts,
+    cost(m)  -> Cost(min_bytes, flops, min_mfma): what the op cannot do with less at m tokens.
+Inputs come from the op's builder in references/ (prepared by the package's `prepare` hook when declared).
+
+On a gfx950 GPU: CUDA-graph replay over rotating copies of every input (> 256 MiB in total, more than the
+last-level cache, so each call reads its weights from HBM), median microseconds per call over repeats.
+On a CPU: the emulator's counters summed over the entry's launches - global bytes loaded + stored (issued
+by the lanes, and distinct dwords, the DRAM-like figure) against the minimum, MFMAs against the minimum,
+workgroups against 256 CUs - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
+SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seeded sample whose counters are
+scaled to the whole grid (distinct bytes are then not reported: NaN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HBM_BYTES_PER_S = 8e12
+MXFP8_FLOPS_PER_S = 5e15
+CUS = 256
+ROTATE_BYTES = 256 << 20
+SAMPLE_ABOVE_TOKENS = 128
+SAMPLE = 48
+
+
+@dataclass(frozen=True)
+class Cost:
+    min_bytes: int
+    flops: int
+    min_mfma: int = 0
+
+
+def floor_us(cost: Cost) -> dict:
+    mem = cost.min_bytes / HBM_BYTES_PER_S * 1e6
+    math = cost.flops / MXFP8_FLOPS_PER_S * 1e6
+    return {"floor_us": max(mem, math), "floor_bytes_us": mem, "floor_flops_us": math,
+            "bound": "memory" if mem >= math else "compute"}
+
+
+def _setup():
+    sys.path.insert(0, str(REPO))
+    from harness import importer, device
+
+    importer.expose_amd_kernels()
+    return device.setup()
+
+
+def _entry_and_inputs(bench, tokens: int, seed: int = 0):
+    from harness import discovery
+    from references import OPS
+
+    pkg = discovery.discover()[bench.PACKAGE]
+    name = pkg.entry_for_op(bench.OP)
+    entry = pkg.import_entries()[name]
+    inputs = pkg.entry_inputs(name, OPS[bench.OP].build_inputs(tokens, bench.DIMS, seed))
+    return entry, inputs
+
+
+def measure_emulator(bench, tokens: int) -> dict:
+    from harness import emulator
+
+    entry, inputs = _entry_and_inputs(bench, tokens)
+    entry.warm_up()
+    # Big token counts run a seeded sample of each launch's workgroups (launches with fewer run whole).
+    opts = dict(workgroup_sample=SAMPLE, sample_seed=0) if tokens > SAMPLE_ABOVE_TOKENS else {}
+    with emulator.options(**opts), emulator.launches() as recs:
+        entry(**inputs)
+    totals = {"global_load_bytes": 0, "global_store_bytes": 0, "global_load_distinct_bytes": 0,
+              "global_store_distinct_bytes": 0, "mfma": 0, "wave_instructions": 0}
+    launches = []
+    for r in recs:
+        c = r.counters
+        ran = len(r.workgroups_executed) if r.workgroups_executed is not None else _wgs(r.grid)
+        scale = _wgs(r.grid) / max(ran, 1)
+        for k in ("global_load_bytes", "global_store_bytes", "wave_instructions"):
+            totals[k] += c.get(k, 0) * scale
+        for k in ("global_load_distinct_bytes", "global_store_distinct_bytes"):
+            totals[k] += c.get(k, 0) if scale == 1 else float("nan")
+        totals["mfma"] += sum(c.get("mfma", {}).values()) * scale
+        launches.append({"kernel": r.kernel_name, "grid": list(r.grid), "workgroups": _wgs(r.grid),
+                         "sampled": scale != 1})
+    cost = bench.cost(tokens)
+    issued = totals["global_load_bytes"] + totals["global_store_bytes"]
+    distinct = totals["global_load_distinct_bytes"] + totals["global_store_distinct_bytes"]
+    out = {
+        "tokens": tokens,
+        "launches": launches,
+        "workgroups_main": max(l["workgroups"] for l in launches),
+        "bytes_issued": int(issued),
+        "bytes_distinct": distinct if distinct != distinct else int(distinct),
+        "min_bytes": cost.min_bytes,
+        "bytes_issued_x_min": issued / cost.min_bytes,
+        "bytes_distinct_x_min": distinct / cost.min_bytes,
+        "mfma": int(totals["mfma"]),
+        "min_mfma": cost.min_mfma,
+        "mfma_x_min": (totals["mfma"] / cost.min_mfma) if cost.min_mfma else None,
+        "wave_instructions": int(totals["wave_instructions"]),
+    }
+    out.update(floor_us(cost))
+    return out
+
+
+def _wgs(grid) -> int:
+    return int(grid[0]) * int(grid[1]) * int(grid[2])
+
+
+def measure_gpu(bench, tokens: int, repeats: int = 20, calls_per_graph: int | None = None) -> dict:
+    import torch
+
+    entry, inputs = _entry_and_inputs(bench, tokens)
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    entry.warm_up()
+    per_copy = sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
+    copies = max(2, -(-ROTATE_BYTES // max(per_copy, 1)) + 1)
+    sets = [inputs] + [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+                       for _ in range(copies - 1)]
+    n = calls_per_graph or copies
+    for s in sets[:2]:
+        entry(**s)
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for i in range(n):
+            entry(**sets[i % copies])
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n)
+    out = {"tokens": tokens, "median_us": statistics.median(times), "copies": copies, "calls_per_graph": n}
+    out.update(floor_us(bench.cost(tokens)))
+    out["x_floor"] = out["median_us"] / out["floor_us"]
+    return out
+
+
+def load_bench(path: str):
+    mod = "benchmarks." + path.strip("/").replace("/", ".") + ".bench"
+    return importlib.import_module(mod)
+
+
+def run(path: str, tokens: list[int] | None = None) -> list[dict]:
+    dev = _setup()
+    bench = load_bench(path)
+    counts = tokens or list(bench.TOKENS)
+    measure = measure_emulator if dev.emulated else measure_gpu
+    return [measure(bench, t) for t in counts]
+
+
+def _fmt(row: dict) -> str:
+    if "median_us" in row:
+        return (f"M={row['tokens']:5d}  {row['median_us']:8.2f} us  floor {row['floor_us']:7.2f} us "
+                f"({row['bound']})  x{row['x_floor']:.2f}")
+    mfma = f"{row['mfma']}/{row['min_mfma']} = {row['mfma_x_min']:.3f}x" if row["min_mfma"] else "-"
+    dist = row["bytes_distinct_x_min"]
+    return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
+            f"  distinct {dist:6.3f}x  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
+            f"  floor {row['floor_us']:.3f} us ({row['bound']})")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("bench", help="<category>/<shape token>, a folder under benchmarks/")
+    ap.add_argument("--tokens", help="comma-separated token counts (default: the benchmark's)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    rows = run(args.bench, tokens)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(args.bench)
+        for row in rows:
+            print("  " + _fmt(row))
+
+
+if __name__ == "__main__":
+    main()
