@@ -96,14 +96,31 @@ def test_opcheck(shape):
     _, entry = _entry(shape)
     entry.warm_up()
     inputs = _inputs(shape, 2, 1)
-    tests = None
-    if any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in _FP8 for t in inputs.values()):
-        # test_schema compares inputs before/after with torch.allclose, which CPU torch lacks for float8
+    tensors = [t for t in inputs.values() if isinstance(t, torch.Tensor)]
+    if any(t.dtype in _FP8 for t in tensors) or sum(t.nbytes for t in tensors) > _SCHEMA_CHECK_MAX_BYTES:
+        # opcheck's test_schema compares inputs with torch.allclose: CPU torch has none for float8, and on
+        # ~1 GB of expert weights its float temporaries exhaust memory. Check what it checks, bytewise.
+        _assert_no_mutation_or_aliasing(entry, inputs)
         tests = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(entry, (), kwargs=inputs, **({"test_utils": tests} if tests else {}))
+        torch.library.opcheck(entry, (), kwargs=inputs, test_utils=tests)
+    else:
+        torch.library.opcheck(entry, (), kwargs=inputs)
 
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_SCHEMA_CHECK_MAX_BYTES = 256 << 20
+
+
+def _assert_no_mutation_or_aliasing(entry, inputs: dict) -> None:
+    """The schema says mutates_args=() and fresh outputs: no input byte changes, no output aliases an input."""
+    before = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    outputs = entry(**inputs)
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    for name, old in before.items():
+        assert torch.equal(old.view(torch.uint8), inputs[name].view(torch.uint8)), f"the entry mutated {name}"
+    input_storages = {v.untyped_storage().data_ptr() for v in inputs.values() if isinstance(v, torch.Tensor)}
+    for i, out in enumerate(outputs):
+        assert out.untyped_storage().data_ptr() not in input_storages, f"output {i} aliases an input"
 
 
 def _bad_variants(inputs: dict):

@@ -1,0 +1,41 @@
+"""Minimum cost of one MXFP4 MoE block at m tokens, shared by the moe benches.
+
+min bytes: read x (bf16), topk_weights and topk_ids once, write out (bf16) once, and read once the weights
+of every expert the routing selects - MXFP4 codes and E8M0 scales of the rank's real (unpadded) rows and
+columns (a TP8 rank's w2 scale blocks: the blocks its columns touch), bf16 biases where the model has them.
+Intermediate tensors (quantized x, sorted pairs, gate-up output, per-slot rows) are not in the minimum: a
+fully fused kernel would not write them.
+min MFMA: 16x16x128 steps with every expert's pairs in 16-row tiles: sum over used experts of
+ceil(n_e / 16) * (2 I / 16 * ceil(h / 128) + h / 16 * ceil(I / 128)), I the rank's columns.
+FLOPs: 2 m k (2 I h + h I).
+The routing is the reference builder's (references/moe.py, seed 0, as the runner builds the inputs).
+"""
+
+import torch
+
+from benchmarks.runner import Cost
+from references.moe import build_routing
+
+
+def routing(m: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> torch.Tensor:
+    """topk_ids exactly as references.moe.build_moe_inputs draws them for (m, seed)."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.randn(m, hidden, generator=gen)  # x comes first from the same generator
+    return build_routing(m, experts, top_k, gen)[1]
+
+
+def moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_size: int = 1, tp_rank: int = 0,
+             biases: bool) -> Cost:
+    per = inter // tp_size
+    start, end = tp_rank * per, (tp_rank + 1) * per
+    w2_blocks = -(-end // 32) - start // 32
+    ids = routing(m, hidden, experts, top_k)
+    counts = torch.bincount(ids.reshape(-1).long(), minlength=experts)
+    used = int((counts > 0).sum())
+    w13 = 2 * per * (hidden // 2 + hidden // 32) + (2 * per * 2 if biases else 0)
+    w2 = hidden * (per // 2 + w2_blocks) + (hidden * 2 if biases and tp_rank == 0 else 0)
+    min_bytes = m * hidden * 2 * 2 + m * top_k * 8 + used * (w13 + w2)
+    tiles = int(((counts + 15) // 16).sum())
+    min_mfma = tiles * (2 * per // 16 * -(-hidden // 128) + hidden // 16 * -(-per // 128))
+    flops = 2 * m * top_k * (2 * per * hidden + hidden * per)
+    return Cost(min_bytes, flops, min_mfma)

@@ -1,0 +1,67 @@
+"""Host code of the MXFP4 MoE packages: checks, workspace, the variant table and the torch custom op.
+
+The entry takes the prepared weights (kernels/moe/prepare.py, run once at load time); `prepare_inputs`
+maps a reference's inputs (checkpoint layout) to the entry's, for the harness.
+
+(No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
+"""
+
+from types import SimpleNamespace
+
+import torch
+
+from amd_kernels import host, warm_up
+from amd_kernels.moe import prepare
+
+WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias")
+
+
+def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, activation: str, pipeline,
+          tp_size: int = 1):
+    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, launch_args, weight_shapes)."""
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in pipeline.variants.items()})
+    # One mode: M is a runtime argument of every variant; the split-K variant serves the smallest M.
+    modes = {"all": sorted(pipeline.variants)}
+    shapes = pipeline.weight_shapes()
+
+    @warm_up.entry(table, modes, lambda *a, **k: "all")
+    def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+            w13_scale: torch.Tensor, w13_bias: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+            w2_bias: torch.Tensor) -> torch.Tensor:
+        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
+        m = x.shape[0]
+        host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
+        host.check_tensor("topk_ids", topk_ids, dtype=torch.int32, shape=(m, top_k), like=x)
+        given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias)
+        for name in WEIGHTS:  # a checkpoint-layout tensor has another shape: "not prepared" names it
+            dtype = torch.float32 if name.endswith("bias") else torch.uint8
+            host.check_tensor(name, given[name], dtype=dtype, shape=shapes[name], like=x)
+        out = torch.empty_like(x)
+        if m:
+            key = pipeline.variant_for(m)
+            table[key](*pipeline.launch_args(key, x, topk_weights, topk_ids, given, out, x.device),
+                       host.stream_of(x))
+        return out
+
+    def fake(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias):
+        return torch.empty_like(x)
+
+    cache = {}
+
+    def prepare_inputs(inputs: dict) -> dict:
+        """Reference inputs (checkpoint layout) -> entry inputs; the prepared weights are cached per
+        checkpoint tensor object (a model prepares them once at load time)."""
+        if inputs.get("tp_size", 1) != tp_size:
+            raise ValueError(f"tp_size: this package serves tp_size {tp_size}, got {inputs.get('tp_size', 1)}")
+        key = (id(inputs["w13_blocks"]), inputs.get("tp_rank", 0))
+        if key not in cache:
+            cache.clear()
+            cache[key] = (inputs["w13_blocks"], prepare.prepare_weights(
+                inputs["w13_blocks"], inputs["w13_scales"], inputs.get("w13_bias"), inputs["w2_blocks"],
+                inputs["w2_scales"], inputs.get("w2_bias"), activation=activation,
+                tp_size=tp_size, tp_rank=inputs.get("tp_rank", 0)))
+        weights = cache[key][1]
+        return {"x": inputs["x"], "topk_weights": inputs["topk_weights"], "topk_ids": inputs["topk_ids"], **weights}
+
+    return SimpleNamespace(VARIANTS=table, moe=host.custom_op(f"amd_kernels::{shape_token}_moe", moe, fake),
+                           prepare_inputs=prepare_inputs)

@@ -1,0 +1,18 @@
+"""MXFP4 MoE, hidden 6144, intermediate 768, 128 experts, top-4, SwiGLU.
+
+Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias) -> bf16 [M, 6144],
+the weights from `prepare_weights` (amd_kernels.moe.prepare, run once at load time);
+also torch.ops.amd_kernels.mxfp4_h6144_i768_e128_top4_moe.
+"""
+
+from functools import partial
+
+from amd_kernels.moe import moe_entries, prepare
+from amd_kernels.moe.mxfp4_h6144_i768_e128_top4 import kernel
+
+prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION)
+_built = moe_entries.build(__name__, "mxfp4_h6144_i768_e128_top4", hidden=kernel.H, experts=kernel.E,
+                           top_k=kernel.TOP_K, activation=kernel.ACTIVATION, pipeline=kernel.PIPELINE)
+VARIANTS = _built.VARIANTS
+moe = _built.moe
+prepare_inputs = _built.prepare_inputs
