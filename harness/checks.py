@@ -161,6 +161,18 @@ def _same_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> bool:
     return torch.equal(ab[mask], bb[mask])
 
 
+def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, sample):
+    """Runs with garbage padding, the same in another workgroup order / interleaving, and zero padding."""
+    clean = op.build_inputs(tokens, dims, seed)
+    entry_name = package.entry_for_op(op_name)
+    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
+    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
+    first = _run(entry, garbage_in, order_seed=None, sample=sample)
+    second = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=sample)
+    zero_padded = _run(entry, zero_in, order_seed=None, sample=sample)
+    return clean, first, second, zero_padded
+
+
 def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int, seed: int) -> CaseResult:
     op = OPS[op_name]
     dev = devices.current().torch_device
@@ -168,14 +180,9 @@ def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int,
     sample = sample and tokens > getattr(package, "sample_above_tokens", 0)
     if sample and package.workgroups == "tiles":
         return _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev)
-    clean = op.build_inputs(tokens, dims, seed)
-    entry_name = package.entry_for_op(op_name)
-    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
-    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
-
-    first, records = _run(entry, garbage_in, order_seed=None, sample=sample)
-    second, _ = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=sample)
-    zero_padded, _ = _run(entry, zero_in, order_seed=None, sample=sample)
+    clean, (first, records), (second, _), (zero_padded, _) = _three_runs(
+        op, package, op_name, entry, dims, tokens, real, seed, dev, sample
+    )
 
     result = CaseResult(rows_real=real, launches=records)
     rows = torch.zeros(tokens, dtype=torch.bool)
@@ -211,14 +218,9 @@ def no_execution():
 
 def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev) -> CaseResult:
     """`workgroups = "tiles"`: a seeded sample of workgroups runs; exactly the bytes they stored are compared."""
-    clean = op.build_inputs(tokens, dims, seed)
-    entry_name = package.entry_for_op(op_name)
-    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
-    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
-
-    first, records = _run(entry, garbage_in, order_seed=None, sample=True)
-    second, records2 = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=True)
-    zero_padded, records3 = _run(entry, zero_in, order_seed=None, sample=True)
+    clean, (first, records), (second, records2), (zero_padded, _) = _three_runs(
+        op, package, op_name, entry, dims, tokens, real, seed, dev, True
+    )
     masks = _tile_masks(records, first)
     for m in masks:
         m[real:] = False                      # real rows only
