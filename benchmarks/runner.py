@@ -168,8 +168,9 @@ def _fmt(row: dict) -> str:
                 f"({row['bound']})  x{row['x_floor']:.2f}")
     mfma = f"{row['mfma']}/{row['min_mfma']} = {row['mfma_x_min']:.3f}x" if row["min_mfma"] else "-"
     dist = row["bytes_distinct_x_min"]
+    dist = "  sampled" if dist != dist else f"{dist:8.3f}x"  # NaN: a sampled run has no distinct count
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
-            f"  distinct {dist:6.3f}x  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
+            f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
             f"  floor {row['floor_us']:.3f} us ({row['bound']})")
 
 
