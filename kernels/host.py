@@ -24,18 +24,21 @@ def check_tensor(
     dtype: torch.dtype,
     shape: Sequence[int | None],
     like: torch.Tensor | None = None,
+    hint: str = "",
 ) -> None:
     """Raise a TypeError/ValueError naming `name` unless `t` is a contiguous tensor of this dtype and shape.
 
-    `shape` entries of None match any size. `like` (another argument) pins the device.
+    `shape` entries of None match any size. `like` (another argument) pins the device. `hint` is added to
+    dtype and shape errors (e.g. how to prepare a weight).
     """
+    why = f" ({hint})" if hint else ""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}{why}")
     if t.dim() != len(shape) or any(want is not None and want != got for want, got in zip(shape, t.shape)):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}{why}")
     if not _device_ok(t.device):
         raise ValueError(f"{name}: expected a tensor on a gfx950 GPU, got device {t.device}")
     if like is not None and t.device != like.device:

@@ -38,6 +38,8 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         "prefill": [ordered[-1][0]],
     }
 
+    _NOT_PREPARED = "a checkpoint-layout weight? pass it through prepare_weights() once at load time"
+
     def mode_of(x, *args, **kwargs) -> str:
         tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
         return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
@@ -46,9 +48,10 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         host.check_tensor("x", x, dtype=torch.float8_e4m3fn, shape=(None, K))
         tokens = x.shape[0]
         host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x)
-        host.check_tensor("w_packed", w_packed, dtype=torch.float8_e4m3fn, shape=(N // 16, K // 64, 1024), like=x)
+        host.check_tensor("w_packed", w_packed, dtype=torch.float8_e4m3fn, shape=(N // 16, K // 64, 1024), like=x,
+                          hint=_NOT_PREPARED)
         host.check_tensor("w_scales_packed", w_scales_packed, dtype=torch.uint8, shape=(N // 16, STEPS, 64),
-                          like=x)
+                          like=x, hint=_NOT_PREPARED)
         host.check_tensor("bias", bias, dtype=torch.bfloat16, shape=(N,), like=x)
         return tokens
 

@@ -35,7 +35,8 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias)
         for name in WEIGHTS:  # a checkpoint-layout tensor has another shape: "not prepared" names it
             dtype = torch.float32 if name.endswith("bias") else torch.uint8
-            host.check_tensor(name, given[name], dtype=dtype, shape=shapes[name], like=x)
+            host.check_tensor(name, given[name], dtype=dtype, shape=shapes[name], like=x,
+                              hint="a checkpoint-layout weight? pass it through prepare_weights() once at load time")
         out = torch.empty_like(x)
         if m:
             key = pipeline.variant_for(m)
