@@ -7,7 +7,10 @@
 On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
 `workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample
 of workgroups; then only the rows those workgroups own ("rows") or exactly the output bytes they stored
-("tiles", from each LaunchRecord's stored intervals) are checked, and the result says so.
+("tiles", from each LaunchRecord's stored intervals) are checked, and the result says so. Multi-launch
+pipelines whose workgroups follow data (`workgroups = "tokens"`, e.g. MoE tiles of sorted tokens) run a
+seeded sample of token rows: the package's `emulator_workgroups(tokens, kernel, grid, pointers, read)`
+names each launch's workgroups those rows need, and the output bytes stored are checked as for "tiles".
 
 On the emulator every run is also sanitized (harness/emulator/sanitizer.py): missing s_waitcnt, MFMA results
 read too early, LDS races between waves, accesses outside the tensors the entry receives or creates, and
@@ -18,7 +21,10 @@ uses another workgroup order and another seeded wave interleaving.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
+import random
 import zlib
 from dataclasses import dataclass, field
 
@@ -30,9 +36,11 @@ from references import OPS, cosine
 
 # On the emulator, launches with more workgroups than this run a sample of this many.
 EMULATOR_SAMPLE_WORKGROUPS = 16
+# `workgroups = "tokens"`: the token rows a sampled run computes (each MoE token costs its top-k tiles).
+EMULATOR_SAMPLE_TOKENS = 3
 # Sanitizer detectors the harness runs with (AMD_KERNELS_SANITIZE=0 turns them off, for timing only).
 SANITIZE = os.environ.get("AMD_KERNELS_SANITIZE", "1") != "0"
-SAMPLED_KINDS = ("rows", "tiles")
+SAMPLED_KINDS = ("rows", "tiles", "tokens")
 
 
 def seed_of(*parts) -> int:
@@ -94,7 +102,8 @@ class CaseResult:
         return out
 
 
-def _run(entry, inputs: dict, *, order_seed: int | None, sample: bool):
+def _run(entry, inputs: dict, *, order_seed: int | None, sample: dict):
+    """`sample`: emulator sampling options (empty: every workgroup runs)."""
     dev = devices.current()
     if not dev.emulated:
         outputs = entry(**inputs)
@@ -102,9 +111,7 @@ def _run(entry, inputs: dict, *, order_seed: int | None, sample: bool):
         return _as_tuple(outputs), []
     from harness import emulator
 
-    opts = dict(workgroup_order_seed=order_seed)
-    if sample:
-        opts.update(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
+    opts = dict(workgroup_order_seed=order_seed, **sample)
     if SANITIZE:
         opts.update(sanitize=True, interleave_seed=order_seed or 0)
     guard = emulator.guard(inputs) if SANITIZE else contextlib.nullcontext()
@@ -173,13 +180,22 @@ def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, samp
     return clean, first, second, zero_padded
 
 
+def _sampling(package, real: int, seed: int) -> dict:
+    """Emulator options of a sampled run of `package` (kernel.toml `workgroups`)."""
+    if package.workgroups != "tokens":
+        return dict(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
+    rows = sorted(random.Random(seed_of("tokens", seed)).sample(range(real), min(real, EMULATOR_SAMPLE_TOKENS)))
+    chooser = getattr(importlib.import_module(package.module), "emulator_workgroups")
+    return dict(workgroup_filter=functools.partial(chooser, frozenset(rows)))
+
+
 def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int, seed: int) -> CaseResult:
     op = OPS[op_name]
     dev = devices.current().torch_device
     sample = devices.current().emulated and package.workgroups in SAMPLED_KINDS
-    sample = sample and tokens > getattr(package, "sample_above_tokens", 0)
-    if sample and package.workgroups == "tiles":
-        return _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev)
+    sample = _sampling(package, real, seed) if sample and tokens > package.sample_above_tokens else {}
+    if sample and package.workgroups in ("tiles", "tokens"):
+        return _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sample)
     clean, (first, records), (second, _), (zero_padded, _) = _three_runs(
         op, package, op_name, entry, dims, tokens, real, seed, dev, sample
     )
@@ -216,10 +232,10 @@ def no_execution():
         yield
 
 
-def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev) -> CaseResult:
-    """`workgroups = "tiles"`: a seeded sample of workgroups runs; exactly the bytes they stored are compared."""
+def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sample) -> CaseResult:
+    """`workgroups = "tiles"` / "tokens": a sample of workgroups runs; exactly the bytes they stored are compared."""
     clean, (first, records), (second, records2), (zero_padded, _) = _three_runs(
-        op, package, op_name, entry, dims, tokens, real, seed, dev, True
+        op, package, op_name, entry, dims, tokens, real, seed, dev, sample
     )
     masks = _tile_masks(records, first)
     for m in masks:

@@ -24,7 +24,10 @@ class KernelPackage:
     module: str  # "amd_kernels.<category>.<shape token>"
     entries: dict  # entry name -> reference op name
     prepare: dict  # entry name -> name of the package function mapping reference inputs to entry inputs
-    workgroups: str  # "rows": workgroup x computes a contiguous block of token rows; "" = no sampling
+    # how the emulator may sample large launches (harness/checks.py): "rows" (workgroup x computes a block
+    # of token rows), "tiles" (workgroups store output tiles independently), "tokens" (the package's
+    # emulator_workgroups() names the workgroups a sample of token rows needs), "" = no sampling
+    workgroups: str
     emulator_token_counts: tuple  # token counts the emulator checks by default; () = every regime count
     readme: Path
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. split-K tiers whose

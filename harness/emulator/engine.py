@@ -187,6 +187,16 @@ def workgroup_order(grid, seed):
     return ids
 
 
+def _pointer_args(kernel: Kernel, kernarg: np.ndarray) -> list[int]:
+    """The global-buffer (pointer) arguments of a launch, in order."""
+    return [int.from_bytes(kernarg[a.offset: a.offset + 8].tobytes(), "little")
+            for a in kernel.args if a.value_kind == "global_buffer"]
+
+
+def _read(address: int, nbytes: int) -> bytes:
+    return ctypes.string_at(address, nbytes) if nbytes > 0 else b""
+
+
 def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, dynamic_lds: int,
             counters_sink, options: dict) -> LaunchRecord:
     t0 = time.perf_counter()
@@ -199,7 +209,13 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
     ids = workgroup_order(grid, options.get("workgroup_order_seed"))
     sampled = None
     n_sample = options.get("workgroup_sample")
-    if n_sample is not None and n_sample < len(ids):
+    wg_filter = options.get("workgroup_filter")
+    chosen = wg_filter(kernel.name, tuple(grid), _pointer_args(kernel, kernarg), _read) if wg_filter else None
+    if chosen is not None:
+        chosen = {tuple(int(v) for v in i) for i in chosen}
+        ids = [i for i in ids if i in chosen]
+        sampled = sorted(set(ids), key=lambda i: (i[2], i[1], i[0]))
+    elif n_sample is not None and n_sample < len(ids):
         # The sample depends on sample_seed only (not on the order), so runs in other orders check the
         # same tiles; the chosen workgroups then run in the seeded order.
         natural = sorted(ids, key=lambda i: (i[2], i[1], i[0]))

@@ -65,4 +65,4 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         return {"x": inputs["x"], "topk_weights": inputs["topk_weights"], "topk_ids": inputs["topk_ids"], **weights}
 
     return SimpleNamespace(VARIANTS=table, moe=host.custom_op(f"amd_kernels::{shape_token}_moe", moe, fake),
-                           prepare_inputs=prepare_inputs)
+                           prepare_inputs=prepare_inputs, emulator_workgroups=pipeline.emulator_workgroups)

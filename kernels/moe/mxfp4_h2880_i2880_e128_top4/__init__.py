@@ -17,3 +17,4 @@ _built = moe_entries.build(__name__, "mxfp4_h2880_i2880_e128_top4", hidden=kerne
 VARIANTS = _built.VARIANTS
 moe = _built.moe
 prepare_inputs = _built.prepare_inputs
+emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"
