@@ -12,7 +12,7 @@ On a gfx950 GPU: CUDA-graph replay over rotating copies of every input (> 256 Mi
 last-level cache, so each call reads its weights from HBM), median microseconds per call over repeats.
 On a CPU: the emulator's counters summed over the entry's launches - global bytes loaded + stored (issued
 by the lanes, and distinct dwords, the DRAM-like figure) against the minimum, MFMAs against the minimum,
-workgroups against 256 CUs - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
+workgroups and waves against 256 CUs - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
 SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seeded sample whose counters are
 scaled to the whole grid (distinct bytes are then not reported: NaN).
 """
@@ -91,7 +91,7 @@ def measure_emulator(bench, tokens: int) -> dict:
             totals[k] += c.get(k, 0) if scale == 1 else float("nan")
         totals["mfma"] += sum(c.get("mfma", {}).values()) * scale
         launches.append({"kernel": r.kernel_name, "grid": list(r.grid), "workgroups": _wgs(r.grid),
-                         "sampled": scale != 1})
+                         "waves_per_workgroup": -(-_wgs(r.block) // 64), "sampled": scale != 1})
     cost = bench.cost(tokens)
     issued = totals["global_load_bytes"] + totals["global_store_bytes"]
     distinct = totals["global_load_distinct_bytes"] + totals["global_store_distinct_bytes"]
@@ -99,6 +99,7 @@ def measure_emulator(bench, tokens: int) -> dict:
         "tokens": tokens,
         "launches": launches,
         "workgroups_main": max(l["workgroups"] for l in launches),
+        "waves_main": max(l["workgroups"] * l["waves_per_workgroup"] for l in launches),
         "bytes_issued": int(issued),
         "bytes_distinct": distinct if distinct != distinct else int(distinct),
         "min_bytes": cost.min_bytes,
@@ -171,6 +172,7 @@ def _fmt(row: dict) -> str:
     dist = "  sampled" if dist != dist else f"{dist:8.3f}x"  # NaN: a sampled run has no distinct count
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
             f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
+            f"  waves {row['waves_main']}"
             f"  floor {row['floor_us']:.3f} us ({row['bound']})")
 
 

@@ -1,7 +1,7 @@
 """Host code shared by the MXFP8 GEMM packages gemm/mxfp8_n<N>_k<K> (one package per weight shape).
 
-Each package's kernel.py lists its tiers (tile and split-K per token range) and builds `VARIANTS`; this module
-checks arguments, allocates the output (and the split-K partials), picks the tier by token count, and
+Each package's kernel.py lists its tiers (tile and waves per workgroup per token range) and builds `VARIANTS`;
+this module checks arguments, allocates the output, picks the tier by token count (one launch), and
 registers the entry as the torch custom op torch.ops.amd_kernels.<shape token>_mxfp8_gemm.
 
 (No `from __future__ import annotations`: torch.library reads the entry's annotations as types.)
@@ -63,14 +63,7 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         tokens = check(x, x_scales, w_packed, w_scales_packed, bias)
         out = torch.empty((tokens, N), dtype=torch.bfloat16, device=x.device)
         if tokens:
-            name = tier_of(tokens)
-            fn = table[name]
-            s = mxfp8_gemm.splits(K, tiers[name])
-            if s > 1:
-                partials = torch.empty((s, tokens, N), dtype=torch.float32, device=x.device)
-                fn(x, x_scales, w_packed, w_scales_packed, bias, out, partials, tokens, _stream(x))
-            else:
-                fn(x, x_scales, w_packed, w_scales_packed, bias, out, tokens, _stream(x))
+            table[tier_of(tokens)](x, x_scales, w_packed, w_scales_packed, bias, out, tokens, _stream(x))
         return out
 
     mxfp8_gemm_entry.__name__ = "mxfp8_gemm"
@@ -99,16 +92,13 @@ def variants(N: int, K: int, shape_token: str, tiers: dict) -> dict:
     out = {}
     for name, tier in tiers.items():
         launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier)
-        s = mxfp8_gemm.splits(K, tier)
 
-        def example(m: int = 1, s=s):
-            args = [torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),
+        def example(m: int = 1):
+            return (torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),
                     torch.zeros(N // 16, K // 64, 1024, dtype=torch.float8_e4m3fn),
                     torch.zeros(N // 16, mxfp8_gemm.steps(K), 64, dtype=torch.uint8),
-                    torch.zeros(N, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16)]
-            if s > 1:
-                args.append(torch.zeros(s, m, N, dtype=torch.float32))
-            return (*args, m, fx.Stream(None))
+                    torch.zeros(N, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16), m,
+                    fx.Stream(None))
 
         out[name] = (launcher, example)
     return out

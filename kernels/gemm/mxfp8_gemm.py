@@ -1,7 +1,7 @@
 """MXFP8 x MXFP8 GEMM with preshuffled weights, y[M, N] = x @ w^T + bias (bf16 out, fp32 accumulation).
 
-Shared by the packages gemm/mxfp8_n<N>_k<K>: `build(N, K, tiers)` returns the FlyDSL launchers of one
-shape, one per tier. The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
+Shared by the packages gemm/mxfp8_n<N>_k<K>: `build(N, K, name, tier)` returns the FlyDSL launcher of one
+tier of one shape (one launch per call). The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
 `prepare_weights` below (run once at load time).
 
 Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N, K], w_scales [N, K/32]):
@@ -13,53 +13,51 @@ Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N,
 - w_scales_packed uint8 [N/16, ceil(K/128), 64]: byte l of step s of block b = w_scales[16b + r, 4s + g]
   (0 where 4s + g >= K/32: multiplies only zero data), i.e. the scale VGPR byte of lane l for that MFMA.
 
-Kernel (one wave per workgroup, no LDS, no scratch):
-- The wave owns an output tile of 16*mc tokens x 16*nb features and a K range of `sps` MFMA steps. The MFMA
-  computes D = W_tile (A operand, 16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are
-  4 consecutive features of one token: the epilogue stores 8 bytes of bf16 (or 16 bytes of fp32 partials).
+Kernel (grid x = 16*nb-feature tile, y = 16*mc-token tile; `waves` waves per workgroup; no scratch):
+- The workgroup owns an output tile of 16*mc tokens x 16*nb features. Its waves split K: wave w runs the
+  contiguous MFMA steps [w*sps, (w+1)*sps) over the whole tile. The MFMA computes D = W_tile (A operand,
+  16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are 4 consecutive features of one
+  token: the epilogue adds the bias, rounds to bf16 once and stores 8 bytes.
 - Activations (row-major [M, K], the RMSNorm-quant / quant output as is): lane (g, r) loads the two 16-byte
   halves of token row r with `buffer_load_dwordx4`; its scale byte x_scales[row, 4s + g] with one
   `buffer_load_ubyte` (rows are K/32 bytes, not 4-byte aligned). Offsets at k >= K (the K tail's missing
-  half, and empty steps of the last split) are pushed out of range, so they read zeros: never a byte of the
+  half, and the last wave's empty steps) are pushed out of range, so they read zeros: never a byte of the
   next row (which may be a garbage padding row holding NaN codes). Rows >= M read zeros and store nothing.
-- Split-K (grid y = split): each split writes fp32 partials [S, M, N]; `reduce` sums them in split order
-  0, 1, ..., S-1, adds the bias and rounds to bf16 once. No atomics. S = 1 adds the bias and stores bf16
-  directly.
+- waves > 1 (split-K inside the workgroup): every wave writes its fp32 accumulators to LDS (waves x
+  nb*mc KiB), one barrier, then wave w sums accumulator blocks w, w + waves, ... over the waves' partials in
+  wave order 0, 1, ..., waves-1 (fixed, so bitwise deterministic) and runs the epilogue for them. No
+  atomics, no partials in global memory, no second launch. waves = 1 runs the epilogue from registers.
 """
 
-from __future__ import annotations
+# (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
 
 from dataclasses import dataclass
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
-from flydsl.expr import range_constexpr
+from flydsl.expr import gpu, range_constexpr
 
-from amd_kernels.common import bf16, buffer, mx_gemm
+from amd_kernels.common import buffer, mx_gemm, wave
 
 LANES = 64
 OOB = 0x7FFFFFF0  # a byte offset past every descriptor built here (all are < 2 GiB)
-REDUCE_THREADS = 256
-REDUCE_VEC = 8  # fp32 partials per thread: two 16-byte loads per split, one 16-byte bf16 store
 
 
 @dataclass(frozen=True)
 class Tier:
-    """One compiled variant: tile 16*mc tokens x 16*nb features per wave, `sps` 128-K steps per split."""
+    """One compiled variant: tile 16*mc tokens x 16*nb features per workgroup, K split over `waves` waves of
+    `sps` 128-K steps each."""
 
     max_tokens: int  # the tier serves M <= max_tokens (the last tier any M)
     mc: int
     nb: int
     sps: int
+    waves: int = 1
 
 
 def steps(k: int) -> int:
     return -(-k // mx_gemm.STEP_K)
-
-
-def splits(k: int, tier: Tier) -> int:
-    return -(-steps(k) // tier.sps)
 
 
 def _bf16x4_to_f32(v_i32x2):
@@ -70,27 +68,43 @@ def _bf16x4_to_f32(v_i32x2):
 
 
 def build(N: int, K: int, name: str, tier: Tier):
-    """Launcher(s) of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, [partials,] m)`."""
+    """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`."""
     assert N % 16 == 0 and K % mx_gemm.HALF_K == 0
-    mc, nb, sps = tier.mc, tier.nb, tier.sps
+    mc, nb, sps, waves = tier.mc, tier.nb, tier.sps, tier.waves
     STEPS = steps(K)
-    S = splits(K, tier)
+    assert (waves - 1) * sps < STEPS <= waves * sps, f"{waves} waves x {sps} steps do not cover {STEPS} steps"
     KB = K // 32
     tile_m = 16 * mc
     tile_n = 16 * nb
     assert N % tile_n == 0, f"N {N} is not a multiple of the tile width {tile_n}"
     n_tiles = N // tile_n
-    guard_k = (K % mx_gemm.STEP_K != 0) or (S * sps != STEPS)  # some (lane, step) has k >= K
-    split = S > 1
+    blocks = nb * mc  # 16 x 16 accumulator blocks per tile, block b = j * mc + c
+    guard_k = (K % mx_gemm.STEP_K != 0) or (waves * sps != STEPS)  # some (lane, step) has k >= K
 
-    def body(x, xs, w, ws, bias, out, part, m):
-        tid = fx.thread_idx.x
-        lane = tid % LANES
+    @fx.struct
+    class Lds:
+        part: fx.Array[fx.Float32, waves * blocks * 4 * LANES, 16]
+
+    def feature0(j, lane, nt):
+        return (nt * nb + j) * 16 + (lane // 16) * 4  # the first of the lane's 4 features in block column j
+
+    def load_bias(j, lane, nt, b_rsrc):
+        return _bf16x4_to_f32(buffer.load_x2(b_rsrc, feature0(j, lane, nt) * 2))
+
+    def store_block(y, bias4, j, c, lane, nt, mt, m, o_rsrc):
+        """Block (j, c) of the tile: + bias, round to bf16 once, 8 bytes per lane; rows >= m store nothing."""
+        row = mt * tile_m + c * 16 + lane % 16
+        v = (y + bias4).to(fx.BFloat16).bitcast(fx.Int32)
+        buffer.store(v, o_rsrc, (row < m).select((row * N + feature0(j, lane, nt)) * 2, fx.Int32(OOB)))
+
+    @flyc.kernel(name=f"mxfp8_gemm_{name}", known_block_size=[waves * LANES, 1, 1])
+    def k_gemm(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, bias: fx.Tensor, out: fx.Tensor,
+               m: fx.Int32):
+        lane, wv = wave.lane_and_wave(fx.thread_idx.x, waves)
         g = lane // 16
         r = lane % 16
         nt = fx.block_idx.x
-        sp = fx.block_idx.y if split else None
-        mt = fx.block_idx.z
+        mt = fx.block_idx.y
 
         x_rsrc = buffer.tensor_resource(x, fx.Int64(m) * K)
         xs_rsrc = buffer.tensor_resource(xs, fx.Int64(m) * KB)
@@ -106,10 +120,10 @@ def build(N: int, K: int, name: str, tier: Tier):
                 num_records_bytes=fx.Int64(STEPS * LANES))))
 
         rows = [mt * tile_m + 16 * c + r for c in range_constexpr(mc)]
-        accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
+        accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
         oob = fx.Int32(OOB)
         for i in range_constexpr(sps):
-            s = sp * sps + i if split else i  # 128-K step (runtime when split)
+            s = wv * sps + i if waves > 1 else i  # 128-K step: wave wv owns steps [wv*sps, (wv+1)*sps)
             xops, xsc = [], []
             k_lo = s * mx_gemm.STEP_K + g * 16
             k_hi = k_lo + mx_gemm.HALF_K
@@ -127,6 +141,7 @@ def build(N: int, K: int, name: str, tier: Tier):
                 xsc.append(mx_gemm.load_u8(xs_rsrc, off_sc))
             wops, wsc = [], []
             for j in range_constexpr(nb):
+                # Steps >= STEPS (the last wave's empty ones) lie past the block's bytes and read zeros.
                 w_lo = buffer.load_x4(w_rsrc[j], (2 * s) * 1024 + lane * 16)
                 w_hi = buffer.load_x4(w_rsrc[j], (2 * s + 1) * 1024 + lane * 16)
                 wops.append(mx_gemm.operand(w_lo, w_hi))
@@ -135,76 +150,40 @@ def build(N: int, K: int, name: str, tier: Tier):
                 for c in range_constexpr(mc):
                     accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
 
-        if split:
-            p_rsrc = buffer.tensor_resource(part, fx.Int64(m) * (S * N * 4))
+        b_rsrc = buffer.tensor_resource(bias, N * 2)
+        o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (N * 2))
+        if waves == 1:
             for j in range_constexpr(nb):
-                n0 = (nt * nb + j) * 16 + g * 4
+                bias4 = load_bias(j, lane, nt, b_rsrc)
                 for c in range_constexpr(mc):
-                    off = ((sp * m + rows[c]) * N + n0) * 4
-                    off = (rows[c] < m).select(off, oob)  # a padded tile row must not hit split sp+1's rows
-                    buffer.store(accs[j * mc + c].bitcast(fx.Int32), p_rsrc, off)
+                    store_block(accs[j * mc + c], bias4, j, c, lane, nt, mt, m, o_rsrc)
         else:
-            b_rsrc = buffer.tensor_resource(bias, N * 2)
-            o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (N * 2))
-            for j in range_constexpr(nb):
-                n0 = (nt * nb + j) * 16 + g * 4
-                b = _bf16x4_to_f32(buffer.load_x2(b_rsrc, n0 * 2))
-                for c in range_constexpr(mc):
-                    y = (accs[j * mc + c] + b).to(fx.BFloat16).bitcast(fx.Int32)
-                    off = (rows[c] < m).select((rows[c] * N + n0) * 2, oob)
-                    buffer.store(y, o_rsrc, off)
-
-    kw = {"known_block_size": [LANES, 1, 1]}
-
-    def grid(m):
-        return (n_tiles, S, (m + (tile_m - 1)) // tile_m)
-
-    if not split:
-
-        @flyc.kernel(name=f"mxfp8_gemm_{name}", **kw)
-        def k_gemm(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, bias: fx.Tensor, out: fx.Tensor,
-                   m: fx.Int32):
-            body(x, xs, w, ws, bias, out, None, m)
-
-        @flyc.jit
-        def gemm(x: fx.Tensor, x_scales: fx.Tensor, w_packed: fx.Tensor, w_scales_packed: fx.Tensor,
-                 bias: fx.Tensor, out: fx.Tensor, m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
-            k_gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m).launch(
-                grid=grid(m), block=(LANES, 1, 1), stream=stream)
-
-        return gemm
-
-    @flyc.kernel(name=f"mxfp8_gemm_{name}", **kw)
-    def k_gemm_split(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, part: fx.Tensor, m: fx.Int32):
-        body(x, xs, w, ws, None, None, part, m)
-
-    @flyc.kernel(name=f"mxfp8_gemm_reduce_{name}", known_block_size=[REDUCE_THREADS, 1, 1])
-    def k_reduce(part: fx.Tensor, bias: fx.Tensor, out: fx.Tensor, m: fx.Int32):
-        e0 = (fx.block_idx.x * REDUCE_THREADS + fx.thread_idx.x) * REDUCE_VEC  # flat [m, N] index
-        total = m * N
-        p_rsrc = buffer.tensor_resource(part, fx.Int64(total) * (S * 4))
-        acc = None
-        for s in range_constexpr(S):  # fixed order: split 0 first
-            off = (s * total + e0) * 4
-            lo = buffer.load_x4(p_rsrc, off).bitcast(fx.Float32)
-            hi = buffer.load_x4(p_rsrc, off + 16).bitcast(fx.Float32)
-            v = lo.shuffle(hi, list(range(8)))
-            acc = v if acc is None else acc + v
-        b = bf16.unpack(buffer.load_x4(buffer.tensor_resource(bias, N * 2), (e0 % N) * 2))
-        y = bf16.pack(acc + b)
-        buffer.store(y, buffer.tensor_resource(out, fx.Int64(total) * 2), e0 * 2)
+            lds = fx.SharedAllocator().allocate(Lds).peek()
+            part = lds.part.view(fx.make_layout(waves * blocks * 4 * LANES, 1))
+            for b in range_constexpr(blocks):
+                for reg in range_constexpr(4):
+                    fx.memref_store(accs[b][reg], part, ((wv * blocks + b) * 4 + reg) * LANES + lane)
+            gpu.barrier()
+            # Wave wv sums blocks wv, wv + waves, ... over the waves' partials in wave order 0, 1, ... (fixed).
+            for t in range_constexpr(-(-blocks // waves)):
+                b = wv + t * waves
+                if b < blocks:  # (always true when waves divides blocks)
+                    tot = [None] * 4
+                    for src in range_constexpr(waves):
+                        for reg in range_constexpr(4):
+                            v = fx.memref_load(part, ((src * blocks + b) * 4 + reg) * LANES + lane)
+                            tot[reg] = v if src == 0 else tot[reg] + v
+                    j = b // mc
+                    store_block(fx.Vector.from_elements(tot, fx.Float32), load_bias(j, lane, nt, b_rsrc), j, b % mc,
+                                lane, nt, mt, m, o_rsrc)
 
     @flyc.jit
-    def gemm_split(x: fx.Tensor, x_scales: fx.Tensor, w_packed: fx.Tensor, w_scales_packed: fx.Tensor,
-                   bias: fx.Tensor, out: fx.Tensor, partials: fx.Tensor, m: fx.Int32,
-                   stream: fx.Stream = fx.Stream(None)):
-        k_gemm_split(x, x_scales, w_packed, w_scales_packed, partials, m).launch(
-            grid=grid(m), block=(LANES, 1, 1), stream=stream)
-        per_block = REDUCE_THREADS * REDUCE_VEC
-        k_reduce(partials, bias, out, m).launch(
-            grid=((m * N + (per_block - 1)) // per_block, 1, 1), block=(REDUCE_THREADS, 1, 1), stream=stream)
+    def gemm(x: fx.Tensor, x_scales: fx.Tensor, w_packed: fx.Tensor, w_scales_packed: fx.Tensor,
+             bias: fx.Tensor, out: fx.Tensor, m: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        k_gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m).launch(
+            grid=(n_tiles, (m + (tile_m - 1)) // tile_m, 1), block=(waves * LANES, 1, 1), stream=stream)
 
-    return gemm_split
+    return gemm
 
 
 def prepare_weights(w: torch.Tensor, w_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,9 +2,9 @@
 
 The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the contract is
 references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
-- M <= 64: one token tile of 16*mc rows (mc = ceil(M/16): no padded MFMA), 16 features per wave, no split:
-  320 workgroups, weights read once, no partials.
-- M > 64: 64 x 64 tiles, no split: 80 x ceil(M/64) workgroups (320 at M = 256).
+- M <= 64: one token tile of 16*mc rows (mc = ceil(M/16): no padded MFMA), 16 features per workgroup of one
+  wave (K not split): 320 workgroups, weights read once.
+- M > 64: 64 x 64 tiles, one wave: 80 x ceil(M/64) workgroups (320 at M = 256).
 """
 
 from amd_kernels.gemm import mxfp8_entries

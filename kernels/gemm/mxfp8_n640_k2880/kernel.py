@@ -2,10 +2,12 @@
 
 The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the contract is
 references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
-- M <= 64: 16-token x 16-feature tiles (40 per 16 tokens) and split-K to reach >= 256 workgroups:
-  S = 8 (M <= 16), 4 (M <= 32), 2 (M <= 64): 320 workgroups at M = 16, 32, 64.
-- 64 < M <= 512: 32 x 16 tiles, no split (320 workgroups at M = 256).
-- M > 512: 64 x 32 tiles, no split.
+- M <= 16: 16-token x 16-feature tiles, 8 waves per workgroup splitting K (3 of the 23 128-K steps each):
+  40 workgroups x 8 = 320 waves.
+- 16 < M <= 64: 16 x 16 tiles, 4 waves (6 steps each): 80 / 120 / 160 workgroups (320 / 480 / 640 waves).
+- 64 < M <= 512: 32 x 16 tiles, one wave (320 workgroups at M = 256).
+- M > 512: 64 x 32 tiles, one wave.
+Waves of one workgroup sum their fp32 partials through LDS in wave order: one launch, no partials buffer.
 """
 
 from amd_kernels.gemm import mxfp8_entries
@@ -15,10 +17,8 @@ N = 640
 K = 2880
 SHAPE_TOKEN = "mxfp8_n640_k2880"
 TIERS = {
-    "m16": Tier(16, mc=1, nb=1, sps=3),
-    "m32": Tier(32, mc=1, nb=1, sps=6),
-    "m48": Tier(48, mc=1, nb=1, sps=12),
-    "m64": Tier(64, mc=1, nb=1, sps=12),
+    "m16": Tier(16, mc=1, nb=1, sps=3, waves=8),
+    "m64": Tier(64, mc=1, nb=1, sps=6, waves=4),
     "mid": Tier(512, mc=2, nb=1, sps=23),
     "prefill": Tier(1 << 31, mc=4, nb=2, sps=23),
 }
