@@ -30,8 +30,8 @@ class KernelPackage:
     workgroups: str
     emulator_token_counts: tuple  # token counts the emulator checks by default; () = every regime count
     readme: Path
-    # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. split-K tiers whose
-    # partials must all be written before a second launch reads them run whole at small token counts)
+    # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. the MoE packages run
+    # their small token counts whole)
     sample_above_tokens: int = 0
 
     def import_entries(self) -> dict:

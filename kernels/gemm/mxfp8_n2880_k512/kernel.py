@@ -4,8 +4,8 @@ The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the co
 references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
 - M <= 16: 16 x 16 tiles, 2 waves per workgroup splitting K (2 128-K steps each, partials summed through
   LDS in wave order): 180 workgroups x 2 = 360 waves.
-- M <= 48: 16 x 16 tiles, one wave (360 / 540 workgroups); M <= 64: 32 x 16 tiles (360).
-- 64 < M <= 512: 64 x 32 tiles, one wave (360 at M = 256).
+- M <= 48: 16 x 16 tiles, one wave (360 / 540 workgroups); M <= 128: 32 x 16 tiles (360 to 720).
+- 128 < M <= 512: 64 x 32 tiles, one wave (270 at M = 136, 360 at M = 256).
 - M > 512: 64 x 64 tiles, one wave.
 """
 
@@ -18,7 +18,7 @@ SHAPE_TOKEN = "mxfp8_n2880_k512"
 TIERS = {
     "m16": Tier(16, mc=1, nb=1, sps=2, waves=2),
     "m48": Tier(48, mc=1, nb=1, sps=4),
-    "m64": Tier(64, mc=2, nb=1, sps=4),
+    "m128": Tier(128, mc=2, nb=1, sps=4),
     "mid": Tier(512, mc=4, nb=2, sps=4),
     "prefill": Tier(1 << 31, mc=4, nb=4, sps=4),
 }

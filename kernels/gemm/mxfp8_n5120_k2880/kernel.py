@@ -4,7 +4,8 @@ The kernel and the prepared weight layout are kernels/gemm/mxfp8_gemm.py; the co
 references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-up, M a runtime argument):
 - M <= 64: one token tile of 16*mc rows (mc = ceil(M/16): no padded MFMA), 16 features per workgroup of one
   wave (K not split): 320 workgroups, weights read once.
-- M > 64: 64 x 64 tiles, one wave: 80 x ceil(M/64) workgroups (320 at M = 256).
+- 64 < M <= 512: 64 x 32 tiles, one wave: 160 x ceil(M/64) workgroups (320 at M = 72, 640 at M = 256).
+- M > 512: 64 x 64 tiles, one wave: 80 x ceil(M/64) workgroups.
 """
 
 from amd_kernels.gemm import mxfp8_entries
@@ -18,6 +19,7 @@ TIERS = {
     "m32": Tier(32, mc=2, nb=1, sps=23),
     "m48": Tier(48, mc=3, nb=1, sps=23),
     "m64": Tier(64, mc=4, nb=1, sps=23),
-    "large": Tier(1 << 31, mc=4, nb=4, sps=23),
+    "mid": Tier(512, mc=4, nb=2, sps=23),
+    "prefill": Tier(1 << 31, mc=4, nb=4, sps=23),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

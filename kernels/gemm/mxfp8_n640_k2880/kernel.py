@@ -5,7 +5,9 @@ references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-u
 - M <= 16: 16-token x 16-feature tiles, 8 waves per workgroup splitting K (3 of the 23 128-K steps each):
   40 workgroups x 8 = 320 waves.
 - 16 < M <= 64: 16 x 16 tiles, 4 waves (6 steps each): 80 / 120 / 160 workgroups (320 / 480 / 640 waves).
-- 64 < M <= 512: 32 x 16 tiles, one wave (320 workgroups at M = 256).
+- 64 < M <= 128: 16 x 16 tiles, 2 waves (12 / 11 steps): 200 to 320 workgroups (400 to 640 waves).
+- 128 < M <= 256: 16 x 16 tiles, one wave: 360 to 640 workgroups.
+- 256 < M <= 512: 32 x 16 tiles, one wave: 360 to 640 workgroups.
 - M > 512: 64 x 32 tiles, one wave.
 Waves of one workgroup sum their fp32 partials through LDS in wave order: one launch, no partials buffer.
 """
@@ -19,6 +21,8 @@ SHAPE_TOKEN = "mxfp8_n640_k2880"
 TIERS = {
     "m16": Tier(16, mc=1, nb=1, sps=3, waves=8),
     "m64": Tier(64, mc=1, nb=1, sps=6, waves=4),
+    "m128": Tier(128, mc=1, nb=1, sps=12, waves=2),
+    "m256": Tier(256, mc=1, nb=1, sps=23),
     "mid": Tier(512, mc=2, nb=1, sps=23),
     "prefill": Tier(1 << 31, mc=4, nb=2, sps=23),
 }
