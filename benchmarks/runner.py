@@ -14,7 +14,8 @@ On a CPU: the emulator's counters summed over the entry's launches - global byte
 by the lanes, and distinct dwords, the DRAM-like figure) against the minimum, MFMAs against the minimum,
 workgroups and waves against 256 CUs - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
 SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seeded sample whose counters are
-scaled to the whole grid (distinct bytes are then not reported: NaN).
+scaled to the whole grid (distinct bytes are then not reported: NaN); packages whose grids depend on the data
+(kernel.toml workgroups = "tokens") always run whole.
 """
 
 from __future__ import annotations
@@ -72,10 +73,15 @@ def _entry_and_inputs(bench, tokens: int, seed: int = 0):
 def measure_emulator(bench, tokens: int) -> dict:
     from harness import emulator
 
+    from harness import discovery
+
     entry, inputs = _entry_and_inputs(bench, tokens)
     entry.warm_up()
-    # Big token counts run a seeded sample of each launch's workgroups (launches with fewer run whole).
-    opts = dict(workgroup_sample=SAMPLE, sample_seed=0) if tokens > SAMPLE_ABOVE_TOKENS else {}
+    # Big token counts run a seeded sample of each launch's workgroups (launches with fewer run whole), where
+    # every workgroup does the same work. Data-dependent grids (kernel.toml workgroups = "tokens", e.g. MoE
+    # tiles past the sorted count exit at once) cannot be scaled from a sample: they run whole.
+    scalable = discovery.discover()[bench.PACKAGE].workgroups in ("rows", "tiles")
+    opts = dict(workgroup_sample=SAMPLE, sample_seed=0) if scalable and tokens > SAMPLE_ABOVE_TOKENS else {}
     with emulator.options(**opts), emulator.launches() as recs:
         entry(**inputs)
     totals = {"global_load_bytes": 0, "global_store_bytes": 0, "global_load_distinct_bytes": 0,
