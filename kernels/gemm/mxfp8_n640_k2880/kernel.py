@@ -24,6 +24,6 @@ TIERS = {
     "m128": Tier(128, mc=1, nb=1, sps=12, waves=2),
     "m256": Tier(256, mc=1, nb=1, sps=23),
     "mid": Tier(512, mc=2, nb=1, sps=23),
-    "prefill": Tier(1 << 31, mc=4, nb=2, sps=23),
+    "prefill": Tier(1 << 31, mc=4, nb=2, sps=23, waves=4, lds=True),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)
