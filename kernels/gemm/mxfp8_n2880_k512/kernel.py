@@ -20,6 +20,6 @@ TIERS = {
     "m48": Tier(48, mc=1, nb=1, sps=4),
     "m128": Tier(128, mc=2, nb=1, sps=4),
     "mid": Tier(512, mc=4, nb=2, sps=4),
-    "prefill": Tier(1 << 31, mc=4, nb=4, sps=4),
+    "prefill": Tier(1 << 31, mc=4, nb=3, sps=4, waves=4, lds=True),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

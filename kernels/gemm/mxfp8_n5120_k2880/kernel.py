@@ -20,6 +20,6 @@ TIERS = {
     "m48": Tier(48, mc=3, nb=1, sps=23),
     "m64": Tier(64, mc=4, nb=1, sps=23),
     "mid": Tier(512, mc=4, nb=2, sps=23),
-    "prefill": Tier(1 << 31, mc=4, nb=4, sps=23),
+    "prefill": Tier(1 << 31, mc=4, nb=4, sps=23, waves=4, lds=True),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)
