@@ -13,11 +13,12 @@ Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N,
 - w_scales_packed uint8 [N/16, ceil(K/128), 64]: byte l of step s of block b = w_scales[16b + r, 4s + g]
   (0 where 4s + g >= K/32: multiplies only zero data), i.e. the scale VGPR byte of lane l for that MFMA.
 
-Kernel (grid x = 16*nb-feature tile, y = 16*mc-token tile; `waves` waves per workgroup; no scratch):
-- The workgroup owns an output tile of 16*mc tokens x 16*nb features. Its waves split K: wave w runs the
-  contiguous MFMA steps [w*sps, (w+1)*sps) over the whole tile. The MFMA computes D = W_tile (A operand,
-  16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are 4 consecutive features of one
-  token: the epilogue adds the bias, rounds to bf16 once and stores 8 bytes.
+Kernel (grid x = feature tile, y = token tile; no scratch). Two kinds of tier (`Tier.lds`):
+
+Direct (lds=False; decode and mid tiers): `waves` waves per workgroup, tile 16*mc tokens x 16*nb features.
+- Its waves split K: wave w runs the contiguous MFMA steps [w*sps, (w+1)*sps) over the whole tile. The MFMA
+  computes D = W_tile (A operand, 16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are
+  4 consecutive features of one token: the epilogue adds the bias, rounds to bf16 once and stores 8 bytes.
 - Activations (row-major [M, K], the RMSNorm-quant / quant output as is): lane (g, r) loads the two 16-byte
   halves of token row r with `buffer_load_dwordx4`; its scale byte x_scales[row, 4s + g] with one
   `buffer_load_ubyte` (rows are K/32 bytes, not 4-byte aligned). Offsets at k >= K (the K tail's missing
@@ -27,6 +28,20 @@ Kernel (grid x = 16*nb-feature tile, y = 16*mc-token tile; `waves` waves per wor
   nb*mc KiB), one barrier, then wave w sums accumulator blocks w, w + waves, ... over the waves' partials in
   wave order 0, 1, ..., waves-1 (fixed, so bitwise deterministic) and runs the epilogue for them. No
   atomics, no partials in global memory, no second launch. waves = 1 runs the epilogue from registers.
+
+LDS-sharing (lds=True; prefill tiers): 4 waves in a 2 x 2 grid, tile 32*mc tokens x 32*nb features; wave
+(wy, wx) = (w // 2, w % 2) computes token blocks [wy*mc, (wy+1)*mc) x feature blocks [wx*nb, (wx+1)*nb)
+over all of K with the same MFMA, operand layout and epilogue as above (same per-element step order: the
+result is bitwise that of a one-wave direct tier).
+- Per 128-K step the workgroup loads each operand byte of its tile once: every 16-row block of A and
+  16-feature block of B is two 1 KiB slabs (lo, hi), laid out in LDS exactly as in the preshuffled weight
+  (lane l's 16 bytes at l*16), so A and B slabs are alike. Wave (wy, wx) loads slab wx (its half) of blocks
+  wy, wy + 2, ... of both (one `buffer_load_dwordx4` per slab, same K-tail / row guards as above) and writes
+  it to LDS (`ds_write_b128`); barrier; each wave reads its operands (`ds_read_b128`, conflict-free: 64
+  lanes x 16 contiguous bytes); a second barrier at the top of the next step keeps the single buffer from
+  being overwritten before every wave has read it. Scale bytes are loaded straight from global by each wave.
+- LDS: (32*mc + 32*nb) x 128 bytes, e.g. 32 KiB for a 128 x 128 tile (single buffer). No split K, so the
+  epilogue runs from registers.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
