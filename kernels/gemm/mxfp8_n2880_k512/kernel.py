@@ -6,7 +6,8 @@ references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-u
   LDS in wave order): 180 workgroups x 2 = 360 waves.
 - M <= 48: 16 x 16 tiles, one wave (360 / 540 workgroups); M <= 128: 32 x 16 tiles (360 to 720).
 - 128 < M <= 512: 64 x 32 tiles, one wave (270 at M = 136, 360 at M = 256).
-- M > 512: 64 x 64 tiles, one wave.
+- M > 512: 128 x 96 tiles (2880 = 30 x 96), 4 waves (2 x 2, 64 x 48 each) sharing each 128-K step's
+  operands through LDS (28 KiB): 30 x ceil(M/128) workgroups (240 / 480 at M = 1024 / 2048).
 """
 
 from amd_kernels.gemm import mxfp8_entries
@@ -20,6 +21,6 @@ TIERS = {
     "m48": Tier(48, mc=1, nb=1, sps=4),
     "m128": Tier(128, mc=2, nb=1, sps=4),
     "mid": Tier(512, mc=4, nb=2, sps=4),
-    "prefill": Tier(1 << 31, mc=4, nb=4, sps=4),
+    "prefill": Tier(1 << 31, mc=4, nb=3, sps=4, waves=4, lds=True),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

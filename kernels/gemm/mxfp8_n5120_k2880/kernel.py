@@ -5,7 +5,8 @@ references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-u
 - M <= 64: one token tile of 16*mc rows (mc = ceil(M/16): no padded MFMA), 16 features per workgroup of one
   wave (K not split): 320 workgroups, weights read once.
 - 64 < M <= 512: 64 x 32 tiles, one wave: 160 x ceil(M/64) workgroups (320 at M = 72, 640 at M = 256).
-- M > 512: 64 x 64 tiles, one wave: 80 x ceil(M/64) workgroups.
+- M > 512: 128 x 128 tiles, 4 waves (2 x 2, 64 x 64 each) sharing each 128-K step's operands through LDS
+  (32 KiB): 40 x ceil(M/128) workgroups (320 / 640 at M = 1024 / 2048).
 """
 
 from amd_kernels.gemm import mxfp8_entries
@@ -20,6 +21,6 @@ TIERS = {
     "m48": Tier(48, mc=3, nb=1, sps=23),
     "m64": Tier(64, mc=4, nb=1, sps=23),
     "mid": Tier(512, mc=4, nb=2, sps=23),
-    "prefill": Tier(1 << 31, mc=4, nb=4, sps=23),
+    "prefill": Tier(1 << 31, mc=4, nb=4, sps=23, waves=4, lds=True),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)

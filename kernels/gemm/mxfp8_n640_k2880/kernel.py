@@ -8,7 +8,9 @@ references/gemm.py (mxfp8_gemm). Tiers by token count M (each compiled at warm-u
 - 64 < M <= 128: 16 x 16 tiles, 2 waves (12 / 11 steps): 200 to 320 workgroups (400 to 640 waves).
 - 128 < M <= 256: 16 x 16 tiles, one wave: 360 to 640 workgroups.
 - 256 < M <= 512: 32 x 16 tiles, one wave: 360 to 640 workgroups.
-- M > 512: 64 x 32 tiles, one wave.
+- M > 512: 128 x 64 tiles, 4 waves (2 x 2, 64 x 32 each) sharing each 128-K step's operands through LDS
+  (24 KiB): 10 x ceil(M/128) workgroups (80 / 160 at M = 1024 / 2048, the same 320 / 640 waves as 64 x 32
+  tiles of one wave, with half the bytes issued).
 Waves of one workgroup sum their fp32 partials through LDS in wave order: one launch, no partials buffer.
 """
 
@@ -24,6 +26,6 @@ TIERS = {
     "m128": Tier(128, mc=1, nb=1, sps=12, waves=2),
     "m256": Tier(256, mc=1, nb=1, sps=23),
     "mid": Tier(512, mc=2, nb=1, sps=23),
-    "prefill": Tier(1 << 31, mc=4, nb=2, sps=23),
+    "prefill": Tier(1 << 31, mc=4, nb=2, sps=23, waves=4, lds=True),
 }
 VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)
