@@ -230,10 +230,10 @@ def test_order_dependent_result_fails_the_harness_determinism_check():
 
     for grid in (4, 1):                   # across workgroups, and between the two waves of one workgroup
         first, _ = checks._run(entry, {"dst": torch.zeros(64, dtype=torch.int32), "grid": grid},
-                               order_seed=None, sample=False)
+                               order_seed=None, sample={})
         seeds = [checks.seed_of("order", s) for s in range(4)]
         others = [checks._run(entry, {"dst": torch.zeros(64, dtype=torch.int32), "grid": grid},
-                              order_seed=s, sample=False)[0] for s in seeds]
+                              order_seed=s, sample={})[0] for s in seeds]
         assert any(not torch.equal(first[0], o[0]) for o in others), grid
 
 
