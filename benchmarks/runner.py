@@ -97,7 +97,10 @@ def measure_emulator(bench, tokens: int) -> dict:
             totals[k] += c.get(k, 0) if scale == 1 else float("nan")
         totals["mfma"] += sum(c.get("mfma", {}).values()) * scale
         launches.append({"kernel": r.kernel_name, "grid": list(r.grid), "workgroups": _wgs(r.grid),
-                         "waves_per_workgroup": -(-_wgs(r.block) // 64), "sampled": scale != 1})
+                         "waves_per_workgroup": -(-_wgs(r.block) // 64), "sampled": scale != 1,
+                         "load_distinct": c.get("global_load_distinct_bytes", 0) if scale == 1 else None,
+                         "store_distinct": c.get("global_store_distinct_bytes", 0) if scale == 1 else None,
+                         "mfma": int(sum(c.get("mfma", {}).values()) * scale)})
     cost = bench.cost(tokens)
     issued = totals["global_load_bytes"] + totals["global_store_bytes"]
     distinct = totals["global_load_distinct_bytes"] + totals["global_store_distinct_bytes"]
@@ -187,6 +190,7 @@ def main(argv=None) -> None:
     ap.add_argument("bench", help="<category>/<shape token>, a folder under benchmarks/")
     ap.add_argument("--tokens", help="comma-separated token counts (default: the benchmark's)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--launches", action="store_true", help="also print each launch's distinct bytes and MFMAs")
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
     rows = run(args.bench, tokens)
@@ -196,6 +200,9 @@ def main(argv=None) -> None:
         print(args.bench)
         for row in rows:
             print("  " + _fmt(row))
+            for launch in row.get("launches", []) if args.launches else []:
+                print(f"      {launch['kernel']:48s} grid {launch['grid']}  loads {launch['load_distinct']}"
+                      f"  stores {launch['store_distinct']}  mfma {launch['mfma']}")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ def test_sharding_is_exact(checkpoint, tp, rank, activation):
     bias13 = p["w13_bias"].reshape(E, ip // 32, 2, 32)[:, :, 0].reshape(E, ip)
     assert torch.equal(bias13[:, live], checkpoint["w13_bias"][:, gr].float())
     assert torch.equal(p["w2_bias"], checkpoint["w2_bias"].float() if rank == 0 else torch.zeros(E, H))
+    # The kernels skip loads of dead columns and of a w2 bias not added, by `shard`: it must name exactly
+    # the live prepared columns (the weights are zero everywhere else) and the rank that adds the bias.
+    assert p["shard"].tolist() == [int(live.nonzero().min()), int(live.nonzero().max()) + 1, int(rank == 0), 0]
 
 
 def test_shard_spans_fit_384():

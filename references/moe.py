@@ -21,9 +21,11 @@ MoE forward (`moe_mxfp4_gptoss`, `moe_mxfp4_swiglu`), for each token m and slot 
    SwiGLU:  rows [0, I) = gate, [I, 2I) = up (vLLM's w13 = [w1; w3]); a = silu(gate) * up, no bias.
 4. Intermediate re-quantization: a -> MXFP8 (same rule), blocks of 32 along the intermediate dim aligned
    to the checkpoint's w2 scale blocks (global intermediate index 32b .. 32b+31).
-5. Down: y = aq @ W2[e]^T (MXFP4, E8M0 per 32 along the intermediate dim), fp32 accumulate, + w2 bias.
-6. Combine: out[m] = sum over j = 0, 1, ..., k-1 in that order of topk_weights[m, j] * y_j, in fp32,
-   rounded to bf16 once. Never an atomic add: the sum order is fixed.
+5. Down: y = aq @ W2[e]^T (MXFP4, E8M0 per 32 along the intermediate dim), fp32 accumulate, + w2 bias,
+   times topk_weights[m, j] (fp32), rounded to bf16: y_j = bf16(w_j (aq W2^T + b2)). (As vLLM's fused MoE
+   keeps the weighted per-slot rows in the activation dtype before its sum; half the bytes of fp32 rows.)
+6. Combine: out[m] = sum over j = 0, 1, ..., k-1 in that order of y_j, in fp32, rounded to bf16 once.
+   Never an atomic add: the sum order is fixed.
 
 Tensor parallelism (gpt-oss TP8): rank r owns intermediate columns [r*I/tp, (r+1)*I/tp) (360 of 2880).
 Its 32-element w2 scale blocks straddle shard edges; the rank's result is the full computation with the
@@ -122,10 +124,10 @@ def _moe(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
         ye = aq @ w2.T
         if w2_bias is not None and tp_rank == 0:
             ye = ye + w2_bias[e].float()
-        y[m_idx, j_idx] = ye
+        y[m_idx, j_idx] = (topk_weights[m_idx, j_idx].float().unsqueeze(1) * ye).to(torch.bfloat16).float()
     out = torch.zeros(tokens, hidden)
     for j in range(topk_ids.shape[1]):  # fixed order
-        out = out + topk_weights[:, j : j + 1].float() * y[:, j]
+        out = out + y[:, j]
     return (out.to(torch.bfloat16),)
 
 

@@ -13,7 +13,7 @@ import torch
 from amd_kernels import host, warm_up
 from amd_kernels.moe import prepare
 
-WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias")
+WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
 
 
 def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, activation: str, pipeline,
@@ -27,15 +27,15 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
     @warm_up.entry(table, modes, lambda *a, **k: "all")
     def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
             w13_scale: torch.Tensor, w13_bias: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-            w2_bias: torch.Tensor) -> torch.Tensor:
+            w2_bias: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         m = x.shape[0]
         host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
         host.check_tensor("topk_ids", topk_ids, dtype=torch.int32, shape=(m, top_k), like=x)
-        given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias)
+        given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
+                     shard=shard)
         for name in WEIGHTS:  # a checkpoint-layout tensor has another shape: "not prepared" names it
-            dtype = torch.float32 if name.endswith("bias") else torch.uint8
-            host.check_tensor(name, given[name], dtype=dtype, shape=shapes[name], like=x,
+            host.check_tensor(name, given[name], dtype=pipeline.weight_dtypes[name], shape=shapes[name], like=x,
                               hint="a checkpoint-layout weight? pass it through prepare_weights() once at load time")
         out = torch.empty_like(x)
         if m:
@@ -44,7 +44,7 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
                        host.stream_of(x))
         return out
 
-    def fake(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias):
+    def fake(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
         return torch.empty_like(x)
 
     cache = {}

@@ -1,5 +1,4 @@
-"""MXFP8-activation x MXFP4-weight MoE: five FlyDSL launches (six in the split variant), built per shape
-(h, IP, E, top-k, activation).
+"""MXFP8-activation x MXFP4-weight MoE: five FlyDSL launches, built per shape (h, IP, E, top-k, activation).
 
 1. quant    grid M, 1 wave/row: x bf16 [M, h] -> xq E4M3 [M, HP] + E8M0 scales [M, KG1*16] in the A-scale
             layout (byte (4j + q)*4 + b of a row = K-block 4(4j + b) + q: one dword per lane per 4 K-steps).
@@ -9,19 +8,22 @@
             16 rows and places it, pass 2 writes sorted_pairs[row] = pair (-1 in padding rows) and
             tile_expert[tile]. Ids outside [0, E) (graph-padding garbage) are dropped. Same input, same output.
 3. stage 1  grid (max_tiles, IP/32): 16 sorted rows x 32 intermediate columns (gate 32 + up 32 weight
-            rows) of one expert; the K-steps are split over up to 4 waves in contiguous runs of 4 (so each
-            B-scale dword is read once) and summed through LDS in wave order (fixed). Then + bias, the
-            activation, MXFP8 quantization per row over the 32 columns (a 16-lane DPP max) -> inter
-            (real rows only).
-   split    (variant "moe.split", small M): grid (max_tiles, IP/32, S); workgroup s covers K-steps
-            [s KPS, (s+1) KPS) and stores its fp32 16 x 64 partial (real rows); a reduce launch
-            (max_tiles, IP/32) sums the S partials in order s = 0, 1, ... and runs the same epilogue.
+            rows) of one expert; the K-steps are split over the workgroup's waves in contiguous runs of a
+            multiple of 4 (so each B-scale dword is read once) and summed through LDS in wave order (fixed).
+            Up to 4 waves; the small-M variant ("moe.small_m", while the grid is < 256 workgroups) uses up
+            to 8. Then + bias, the activation, MXFP8 quantization per row over the 32 columns (a 16-lane
+            DPP max) -> inter (real rows only).
 4. stage 2  grid (max_tiles, h/64): one wave x 4 groups of 16 output columns (the A tile loaded once, real
-            rows only), K = IP, + bias -> y fp32 [M*k, h] at row pair = token*k + slot (each element has one
-            writer; padding rows load and store nothing).
-5. combine  grid M: out[m] = sum over j = 0..k-1 of w[m, j] * y[m*k + j] in that order (fp32), -> bf16.
+            rows only), K = IP, + bias, times the pair's routing weight -> y bf16 [M*k, h] at row
+            pair = token*k + slot (each element has one writer; padding rows load and store nothing).
+5. combine  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
+
+Bytes that carry nothing are not read: `shard` (from prepare_weights) gives the live intermediate columns
+[lo, hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead columns, dead
+32-column K-blocks of w2, the K tail past h in the last gate-up K-step and zero biases load out of range
+(0, no memory traffic). The swiglu activation has no biases at all.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
@@ -63,9 +65,54 @@ def _dword(rsrc, off):
     return fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, rsrc, buffer._ir(off), buffer._ir(0)))
 
 
+def _scale_dword(rsrc, off, n: int):
+    """A lane's E8M0 dword of 4 K-steps, of which only the first n exist (the last dword of a row): the
+    absent bytes are not loaded (they read as 0)."""
+    if n >= 4:
+        return _dword(rsrc, off)
+    i16, i8 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(8)
+    v = fx.Int32(0)
+    if n >= 2:
+        v = fx.Int32(fx.Int16(rocdl.raw_ptr_buffer_load(i16, rsrc, buffer._ir(off), buffer._ir(0))).to(fx.Int32)) & 0xFFFF
+    if n % 2:
+        b = fx.Int32(fx.Int8(rocdl.raw_ptr_buffer_load(i8, rsrc, buffer._ir(off + (n - 1)), buffer._ir(0))).to(fx.Int32))
+        v = v | ((b & 0xFF) << (8 * (n - 1)))
+    return v
+
+
+def _load_live_cols(rsrc, off, k0, lo, hi, per_dword: bool):
+    """A lane's 16 B-operand bytes = the 32 K-columns k0 .. k0 + 31, loaded only where columns in [lo, hi)
+    are: the whole vector or nothing, or (per_dword) each dword of 8 columns on its own."""
+    if not per_dword:
+        return buffer.load_x4(rsrc, ((k0 + 32 > lo) & (k0 < hi)).select(off, buffer.never_in_range()))
+    return fx.Vector.from_elements(
+        [_dword(rsrc, ((k0 + 8 * d + 8 > lo) & (k0 + 8 * d < hi)).select(off + 4 * d, buffer.never_in_range()))
+         for d in range(4)], fx.Int32)
+
+
+def _scale_dword_of(rsrc, off, j, kg: int, ks: int):
+    """_scale_dword for a runtime dword index j of a row of kg dwords over ks K-steps."""
+    n_last = ks - 4 * (kg - 1)
+    if n_last == 4:
+        return _dword(rsrc, off)
+    last = j == kg - 1
+    return (_dword(rsrc, last.select(buffer.never_in_range(), off))
+            | _scale_dword(rsrc, last.select(off, buffer.never_in_range()), n_last))
+
+
 def _sub_resource(t, elem_offset, nbytes):
     ptr = fx.add_offset(fx.get_iter(t), fx.Int64(elem_offset))
     return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(ptr, num_records_bytes=fx.Int64(nbytes)))
+
+
+# Dtype of each prepared weight tensor (the entry checks them; prepare.py makes them).
+WEIGHT_DTYPES = {"w13": torch.uint8, "w13_scale": torch.uint8, "w13_bias": torch.float32, "w2": torch.uint8,
+                 "w2_scale": torch.uint8, "w2_bias": torch.float32, "shard": torch.int32}
+
+
+def _bf16_bits(v):
+    """fp32 -> bf16 (RNE) as an i16, for a 2-byte store."""
+    return fx.Float32(v).to(fx.BFloat16).bitcast(fx.Int16)
 
 
 def _f32(v):
@@ -130,9 +177,24 @@ def _scale_pos(kblock: int) -> int:
     return ((ks // 4) * 4 + q) * 4 + ks % 4
 
 
-def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, splits: int = 1):
-    """The pipeline for one shape. splits > 1 adds a second variant for small token counts whose gate-up
-    splits K over that many workgroups (fp32 partials summed in split order by a reduce launch)."""
+def _tile_rows(sorted_pairs, tile_expert, tile, m, top_k, experts):
+    """A tile launch's view of the sort: (rows bound, sorted_pairs descriptor, the tile's expert)."""
+    rows_b = _rows_bound(m, top_k, experts)
+    sp_rsrc = buffer.tensor_resource(sorted_pairs, rows_b * 4)
+    e = wave.uniform_i32(_dword(buffer.tensor_resource(tile_expert, rows_b // ROWS * 4), tile * 4))
+    return rows_b, sp_rsrc, e
+
+
+def _num_tiles(meta):
+    return wave.uniform_i32(_dword(buffer.tensor_resource(meta, 16), 0))
+
+
+def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0,
+          edge_blocks: bool = False):
+    """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
+    splits K over up to that many waves per workgroup (summed through LDS in wave order). edge_blocks: the
+    live intermediate columns may start or end inside a 32-column block (a TP rank's span)."""
+    biases = activation == "gptoss"
     hp = round_up(hidden, KSTEP)
     ks1, ks2 = hp // KSTEP, ip // KSTEP
     kg1, kg2 = -(-ks1 // 4), -(-ks2 // 4)
@@ -232,21 +294,23 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                     fx.memref_store(base + _popc64(match), offs, e)
 
     # ---- 3. stage 1: gate-up + activation + MXFP8 ----
-    def epilogue(tot, e, tile, nblk, lane, m, sorted_pairs, w13_bias, inter_q, inter_s):
+    def epilogue(tot, e, tile, nblk, lane, rows_b, sp_rsrc, col_live, w13_bias, inter_q, inter_s):
         """tot[g][reg] = the 16 x 64 gate/up sums of (tile, nblk) in the MFMA C layout: + bias, activation,
         MXFP8 per row over the block's 32 columns -> inter (real rows only: stage 2 never reads padding)."""
         r, q = lane % 16, lane // 16
-        rows_b = _rows_bound(m, top_k, experts)
-        sp_rsrc = buffer.tensor_resource(sorted_pairs, rows_b * 4)
-        bias_rsrc = buffer.tensor_resource(w13_bias, experts * 2 * ip * 4)
-        bias = [_dword(bias_rsrc, (e * (2 * ip) + nblk * 64 + g * 16 + r) * 4).bitcast(fx.Float32)
-                for g in range_constexpr(4)]
+        bias = None
+        if biases:
+            bias_rsrc = buffer.tensor_resource(w13_bias, experts * 2 * ip * 4)
+            bias = [_dword(bias_rsrc, col_live[g % 2].select((e * (2 * ip) + nblk * 64 + g * 16 + r) * 4,
+                                                           buffer.never_in_range())).bitcast(fx.Float32)
+                    for g in range_constexpr(4)]
         iq_rsrc = buffer.tensor_resource(inter_q, rows_b * ip)
         is_rsrc = buffer.tensor_resource(inter_s, rows_b * (kg2 * 16))
         for reg in range_constexpr(4):
             real = _dword(sp_rsrc, (tile * ROWS + q * 4 + reg) * 4) >= 0
-            a0 = _activation(activation, tot[0][reg] + bias[0], tot[2][reg] + bias[2])
-            a1 = _activation(activation, tot[1][reg] + bias[1], tot[3][reg] + bias[3])
+            v = [tot[g][reg] + bias[g] if biases else tot[g][reg] for g in range_constexpr(4)]
+            a0 = _activation(activation, v[0], v[2])
+            a1 = _activation(activation, v[1], v[3])
             amax = fx.max(a0.bitcast(fx.Int32) & 0x7FFFFFFF, a1.bitcast(fx.Int32) & 0x7FFFFFFF)
             byte, inv = mxfp8.scale_from_amax_bits(_row16_max_i32(amax))
             pk = _fp8x2(a0, a1, inv)
@@ -266,40 +330,32 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                 buffer.store_byte(fx.Int32(0), is_rsrc, first.select(row * (kg2 * 16) + pos_x,
                                                                      buffer.never_in_range()))
 
-    def part_offset(s_idx, tile, nblk, g, reg, lane, m):
-        """Byte offset of a split-K partial: fp32 [S, rows, 2 IP], row = tile*16 + 4q + reg."""
-        rows_b = _rows_bound(m, top_k, experts)
-        row = tile * ROWS + (lane // 16) * 4 + reg
-        return ((fx.Int32(s_idx) * rows_b.to(fx.Int32) + row) * (2 * ip) + nblk * 64 + g * 16 + lane % 16) * 4
-
-    @fx.struct
-    class S1Lds:
-        part: fx.Array[fx.Float32, 4 * 4 * 4 * 64, 16]
-
-    def make_stage1(splits: int, kname: str):
-        kps = round_up(-(-ks1 // splits), 4)  # K-steps per workgroup (whole scale dwords)
-        ksw = 4
-        while -(-kps // ksw) > 4:
+    def make_stage1(max_waves: int, kname: str):
+        ksw = 4  # K-steps per wave: a multiple of 4, so each lane's B-scale dword is read by one wave
+        while -(-ks1 // ksw) > max_waves:
             ksw += 4
-        waves = -(-kps // ksw)
+        waves = -(-ks1 // ksw)
+
+        @fx.struct
+        class S1Lds:
+            part: fx.Array[fx.Float32, max(waves, 2) * 4 * 4 * 64, 16]
 
         @flyc.kernel(name=kname, known_block_size=[waves * 64, 1, 1])
         def k_stage1(xq: fx.Tensor, xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor,
                      meta: fx.Tensor, w13: fx.Tensor, w13_scale: fx.Tensor, w13_bias: fx.Tensor,
-                     inter_q: fx.Tensor, inter_s: fx.Tensor, partial: fx.Tensor, m: fx.Int32):
+                     shard: fx.Tensor, inter_q: fx.Tensor, inter_s: fx.Tensor, m: fx.Int32):
             lds = fx.SharedAllocator().allocate(S1Lds).peek()
-            part = lds.part.view(fx.make_layout(4 * 4 * 4 * 64, 1))
+            part = lds.part.view(fx.make_layout(max(waves, 2) * 4 * 4 * 64, 1))
             lane, wv = wave.lane_and_wave(fx.thread_idx.x, waves)
             r, q = lane % 16, lane // 16
             tile = fx.block_idx.x
             nblk = fx.block_idx.y
-            split = fx.block_idx.z
-            meta_rsrc = buffer.tensor_resource(meta, 16)
-            num_tiles = wave.uniform_i32(_dword(meta_rsrc, 0))
-            if tile < num_tiles:
-                rows_b = _rows_bound(m, top_k, experts)
-                sp_rsrc = buffer.tensor_resource(sorted_pairs, rows_b * 4)
-                e = wave.uniform_i32(_dword(buffer.tensor_resource(tile_expert, rows_b // ROWS * 4), tile * 4))
+            if tile < _num_tiles(meta):
+                rows_b, sp_rsrc, e = _tile_rows(sorted_pairs, tile_expert, tile, m, top_k, experts)
+                sh_rsrc = buffer.tensor_resource(shard, 16)
+                lo, hi = _dword(sh_rsrc, 0), _dword(sh_rsrc, 4)
+                # Lane r's weight row in groups g = 0, 2 (gate, up) is column 32 nblk + r; in g = 1, 3, + 16.
+                col_live = [(nblk * 32 + 16 * h + r >= lo) & (nblk * 32 + 16 * h + r < hi) for h in (0, 1)]
                 pair = _dword(sp_rsrc, (tile * ROWS + r) * 4)
                 token = pair // top_k
                 a_rsrc = buffer.tensor_resource(xq, fx.Int64(m) * hp)
@@ -310,20 +366,26 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                 b_rsrc = _sub_resource(w13, fx.Int64(g0) * (ks1 * 1024), 4 * ks1 * 1024)
                 bs_rsrc = _sub_resource(w13_scale, fx.Int64(g0) * (kg1 * 256), 4 * kg1 * 256)
                 accs = [mfma.zeros() for _ in range_constexpr(4)]
-                ks0 = split * kps + wv * ksw
+                ks0 = wv * ksw
                 for s4 in range_constexpr(ksw // 4):
                     j = ks0 // 4 + s4
                     sa = _dword(as_rsrc, as_row + j * 16)
-                    sbs = [_dword(bs_rsrc, (g * kg1 + j) * 256 + lane * 4) for g in range_constexpr(4)]
+                    sbs = [_scale_dword_of(bs_rsrc, col_live[g % 2].select((g * kg1 + j) * 256 + lane * 4,
+                                                                           buffer.never_in_range()), j, kg1, ks1)
+                           for g in range_constexpr(4)]
                     for b in range_constexpr(4):
                         ks = ks0 + s4 * 4 + b
-                        live = (ks < ks1) & (ks < (split + 1) * kps)
-                        a_off = live.select(a_row + ks * KSTEP, buffer.never_in_range())
+                        # K past h (the last K-step's tail): A's second half (K 64 + 16q ..) and B's
+                        # lanes q with 32q >= the tail's length carry zeros; they are not loaded.
+                        a_off = (ks < ks1).select(a_row + ks * KSTEP, buffer.never_in_range())
                         a_lo = buffer.load_x4(a_rsrc, a_off)
-                        a_hi = buffer.load_x4(a_rsrc, a_off + 64)
+                        a_hi = buffer.load_x4(a_rsrc, (ks * KSTEP + 64 + q * 16 < hidden).select(
+                            a_off + 64, buffer.never_in_range()))
                         a = a_lo.shuffle(a_hi, list(range(8)))
+                        k_live = ks * KSTEP + q * 32 < hidden
                         for g in range_constexpr(4):
-                            b_off = live.select((g * ks1 + ks) * 1024 + lane * 16, buffer.never_in_range())
+                            b_off = (k_live & col_live[g % 2]).select((g * ks1 + ks) * 1024 + lane * 16,
+                                                                      buffer.never_in_range())
                             bv = buffer.load_x4(b_rsrc, b_off)
                             accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sbs[g], b)
                 if waves > 1:
@@ -338,64 +400,29 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                         for g in range_constexpr(4):
                             for reg in range_constexpr(4):
                                 tot[g][reg] = tot[g][reg] + fx.memref_load(part, ((w * 4 + g) * 4 + reg) * 64 + lane)
-                    if splits == 1:
-                        epilogue(tot, e, tile, nblk, lane, m, sorted_pairs, w13_bias, inter_q, inter_s)
-                    else:
-                        p_rsrc = buffer.tensor_resource(partial, rows_b * (splits * 2 * ip * 4))
-                        for reg in range_constexpr(4):
-                            real = _dword(sp_rsrc, (tile * ROWS + q * 4 + reg) * 4) >= 0
-                            for g in range_constexpr(4):
-                                off = real.select(part_offset(split, tile, nblk, g, reg, lane, m),
-                                                  buffer.never_in_range())
-                                buffer.store(tot[g][reg].bitcast(fx.Int32), p_rsrc, off)
+                    epilogue(tot, e, tile, nblk, lane, rows_b, sp_rsrc, col_live, w13_bias, inter_q, inter_s)
 
         return k_stage1, waves
 
-    k_stage1, w1 = make_stage1(1, f"{name}_gate_up")
-    if splits > 1:
-        k_stage1_split, w1_split = make_stage1(splits, f"{name}_gate_up_split{splits}")
+    k_stage1, w1 = make_stage1(4, f"{name}_gate_up")
+    if small_m_waves:
+        k_stage1_small, w1_small = make_stage1(small_m_waves, f"{name}_gate_up_small_m")
 
-        # ---- 3b. split-K reduce (fixed order s = 0, 1, ...) + the stage-1 epilogue ----
-        @flyc.kernel(name=f"{name}_gate_up_reduce", known_block_size=[64, 1, 1])
-        def k_reduce(sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor, w13_bias: fx.Tensor,
-                     partial: fx.Tensor, inter_q: fx.Tensor, inter_s: fx.Tensor, m: fx.Int32):
-            lane = fx.thread_idx.x % 64
-            q = lane // 16
-            tile = fx.block_idx.x
-            nblk = fx.block_idx.y
-            num_tiles = wave.uniform_i32(_dword(buffer.tensor_resource(meta, 16), 0))
-            if tile < num_tiles:
-                rows_b = _rows_bound(m, top_k, experts)
-                sp_rsrc = buffer.tensor_resource(sorted_pairs, rows_b * 4)
-                e = wave.uniform_i32(_dword(buffer.tensor_resource(tile_expert, rows_b // ROWS * 4), tile * 4))
-                p_rsrc = buffer.tensor_resource(partial, rows_b * (splits * 2 * ip * 4))
-                tot = [[None] * 4 for _ in range_constexpr(4)]
-                for reg in range_constexpr(4):
-                    real = _dword(sp_rsrc, (tile * ROWS + q * 4 + reg) * 4) >= 0
-                    for g in range_constexpr(4):
-                        for s_idx in range_constexpr(splits):
-                            off = real.select(part_offset(s_idx, tile, nblk, g, reg, lane, m),
-                                              buffer.never_in_range())
-                            v = _dword(p_rsrc, off).bitcast(fx.Float32)
-                            tot[g][reg] = v if s_idx == 0 else tot[g][reg] + v
-                epilogue(tot, e, tile, nblk, lane, m, sorted_pairs, w13_bias, inter_q, inter_s)
-
-    # ---- 4. stage 2: down + bias -> y[pair] ----
+    # ---- 4. stage 2: down + bias, x routing weight -> y[pair] (bf16) ----
     # One wave per workgroup, 4 column groups of 16: the A tile is loaded once per workgroup, and only
     # its real rows (padding rows read nothing and are never stored).
     @flyc.kernel(name=f"{name}_down", known_block_size=[64, 1, 1])
     def k_stage2(inter_q: fx.Tensor, inter_s: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor,
-                 meta: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor, w2_bias: fx.Tensor, y: fx.Tensor,
-                 m: fx.Int32):
+                 meta: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor, w2_bias: fx.Tensor, shard: fx.Tensor,
+                 topk_weights: fx.Tensor, y: fx.Tensor, m: fx.Int32):
         lane = fx.thread_idx.x % 64
         r, q = lane % 16, lane // 16
         tile = fx.block_idx.x
         nblk = fx.block_idx.y
-        num_tiles = wave.uniform_i32(_dword(buffer.tensor_resource(meta, 16), 0))
-        if tile < num_tiles:
-            rows_b = _rows_bound(m, top_k, experts)
-            sp_rsrc = buffer.tensor_resource(sorted_pairs, rows_b * 4)
-            e = wave.uniform_i32(_dword(buffer.tensor_resource(tile_expert, rows_b // ROWS * 4), tile * 4))
+        if tile < _num_tiles(meta):
+            rows_b, sp_rsrc, e = _tile_rows(sorted_pairs, tile_expert, tile, m, top_k, experts)
+            sh_rsrc = buffer.tensor_resource(shard, 16)
+            lo, hi = _dword(sh_rsrc, 0), _dword(sh_rsrc, 4)
             a_rsrc = buffer.tensor_resource(inter_q, rows_b * ip)
             as_rsrc = buffer.tensor_resource(inter_s, rows_b * (kg2 * 16))
             real_a = _dword(sp_rsrc, (tile * ROWS + r) * 4) >= 0
@@ -407,135 +434,125 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
             accs = [mfma.zeros() for _ in range_constexpr(4)]
             for j in range_constexpr(kg2):
                 sa = _dword(as_rsrc, as_row + j * 16)
-                sbs = [_dword(bs_rsrc, (g * kg2 + j) * 256 + lane * 4) for g in range_constexpr(4)]
+                sbs = [_scale_dword(bs_rsrc, (g * kg2 + j) * 256 + lane * 4, min(4, ks2 - 4 * j))
+                       for g in range_constexpr(4)]
                 for b in range_constexpr(min(4, ks2 - 4 * j)):
                     ks = 4 * j + b
                     a = buffer.load_x4(a_rsrc, a_row + ks * KSTEP).shuffle(
                         buffer.load_x4(a_rsrc, a_row + ks * KSTEP + 64), list(range(8)))
+                    # Lane q's B vector is the 32-column K-block 4 ks + q: not loaded when no column of
+                    # it is live (its codes are zero); a block the live span starts or ends in (first and
+                    # last K-step, shapes with edge_blocks) is loaded per dword of 8 columns.
+                    k0 = ks * KSTEP + q * 32
+                    edge = edge_blocks and ks in (0, ks2 - 1)
                     for g in range_constexpr(4):
-                        bv = buffer.load_x4(b_rsrc, (g * ks2 + ks) * 1024 + lane * 16)
+                        bv = _load_live_cols(b_rsrc, (g * ks2 + ks) * 1024 + lane * 16, k0, lo, hi, edge)
                         accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sbs[g], b)
-            bias_rsrc = buffer.tensor_resource(w2_bias, experts * hidden * 4)
-            bias = [_dword(bias_rsrc, (e * hidden + nblk * 64 + g * 16 + r) * 4).bitcast(fx.Float32)
-                    for g in range_constexpr(4)]
-            y_rsrc = buffer.tensor_resource(y, fx.Int64(m) * (top_k * hidden * 4))
+            bias = None
+            if biases:
+                bias_rsrc = buffer.tensor_resource(w2_bias, experts * hidden * 4)
+                bias_on = _dword(sh_rsrc, 8) != 0  # zero bias (TP ranks > 0): not read
+                bias = [_dword(bias_rsrc, bias_on.select((e * hidden + nblk * 64 + g * 16 + r) * 4,
+                                                         buffer.never_in_range())).bitcast(fx.Float32)
+                        for g in range_constexpr(4)]
+            tw_rsrc = buffer.tensor_resource(topk_weights, fx.Int64(m) * (top_k * 4))
+            y_rsrc = buffer.tensor_resource(y, fx.Int64(m) * (top_k * hidden * 2))
             for reg in range_constexpr(4):
                 pair = _dword(sp_rsrc, (tile * ROWS + q * 4 + reg) * 4)
-                base = (pair >= 0).select(pair * (hidden * 4) + nblk * 256 + r * 4, buffer.never_in_range())
+                real = pair >= 0
+                w = _dword(tw_rsrc, real.select(pair * 4, buffer.never_in_range())).bitcast(fx.Float32)
+                base = real.select(pair * (hidden * 2) + nblk * 128 + r * 2, buffer.never_in_range())
                 for g in range_constexpr(4):
-                    buffer.store((accs[g][reg] + bias[g]).bitcast(fx.Int32), y_rsrc, base + g * 64)
+                    v = accs[g][reg] + bias[g] if biases else accs[g][reg]
+                    buffer.store(_bf16_bits(v * w), y_rsrc, base + g * 32)
 
     # ---- 5. fixed-order combine ----
     slots_c = -(-hidden // 512)
 
     @flyc.kernel(name=f"{name}_combine", known_block_size=[64, 1, 1])
-    def k_combine(y: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor, out: fx.Tensor, m: fx.Int32):
+    def k_combine(y: fx.Tensor, topk_ids: fx.Tensor, out: fx.Tensor, m: fx.Int32):
         lane = fx.thread_idx.x % 64
         row = fx.block_idx.x
-        w_rsrc = buffer.row_resource(topk_weights, row, top_k, 4)
         i_rsrc = buffer.row_resource(topk_ids, row, top_k, 4)
         o_rsrc = buffer.row_resource(out, row, hidden, 2)
         sums = [fx.Vector.filled(8, 0.0, fx.Float32) for _ in range_constexpr(slots_c)]
         for j in range_constexpr(top_k):
-            wj = _dword(w_rsrc, j * 4).bitcast(fx.Float32)
             ej = _dword(i_rsrc, j * 4)
-            ok = (ej >= 0) & (ej < experts)
-            wj = ok.select(wj, fx.Float32(0.0))
-            y_rsrc = buffer.row_resource(y, row * top_k + j, hidden, 4)
+            ok = (ej >= 0) & (ej < experts)  # a dropped pair (garbage id) has no y row: not read
+            y_rsrc = buffer.row_resource(y, row * top_k + j, hidden, 2)
             for s in range_constexpr(slots_c):
-                off = ok.select(lane * 32 + s * 2048, buffer.never_in_range())
-                lo = buffer.load_x4(y_rsrc, off).bitcast(fx.Float32)
-                hi = buffer.load_x4(y_rsrc, off + 16).bitcast(fx.Float32)
-                sums[s] = sums[s] + lo.shuffle(hi, list(range(8))) * wj
+                sums[s] = sums[s] + bf16.unpack(
+                    buffer.load_x4(y_rsrc, ok.select(lane * 16 + s * 1024, buffer.never_in_range())))
         for s in range_constexpr(slots_c):
             buffer.store(bf16.pack(sums[s]), o_rsrc, lane * 16 + s * 1024)
 
-    def launch_all(use_split, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, xq, xs,
-                   sorted_pairs, tile_expert, meta, inter_q, inter_s, partial, y, out, m, tiles, stream):
+    def launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
+                   xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
         k_quant(x, xq, xs, m).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
         k_sort(topk_ids, sorted_pairs, tile_expert, meta, m).launch(grid=(1, 1, 1), block=(64, 1, 1), stream=stream)
-        if use_split:
-            k_stage1_split(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, inter_q, inter_s,
-                           partial, m).launch(grid=(tiles, nb1, splits), block=(w1_split * 64, 1, 1), stream=stream)
-            k_reduce(sorted_pairs, tile_expert, meta, w13_bias, partial, inter_q, inter_s, m).launch(
-                grid=(tiles, nb1, 1), block=(64, 1, 1), stream=stream)
-        else:
-            k_stage1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, inter_q, inter_s, partial,
-                     m).launch(grid=(tiles, nb1, 1), block=(w1 * 64, 1, 1), stream=stream)
-        k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, y, m).launch(
-            grid=(tiles, nb2, 1), block=(64, 1, 1), stream=stream)
-        k_combine(y, topk_weights, topk_ids, out, m).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
+        s1, waves = (k_stage1_small, w1_small) if small_m else (k_stage1, w1)
+        s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
+            grid=(tiles, nb1, 1), block=(waves * 64, 1, 1), stream=stream)
+        k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard, topk_weights, y,
+                 m).launch(grid=(tiles, nb2, 1), block=(64, 1, 1), stream=stream)
+        k_combine(y, topk_ids, out, m).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
 
-    @flyc.jit
-    def moe(x: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor, w13: fx.Tensor, w13_scale: fx.Tensor,
-            w13_bias: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor, w2_bias: fx.Tensor, xq: fx.Tensor,
-            xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor, inter_q: fx.Tensor,
-            inter_s: fx.Tensor, partial: fx.Tensor, y: fx.Tensor, out: fx.Tensor, m: fx.Int32, tiles: fx.Int32,
-            stream: fx.Stream = fx.Stream(None)):
-        launch_all(False, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, xq, xs,
-                   sorted_pairs, tile_expert, meta, inter_q, inter_s, partial, y, out, m, tiles, stream)
-
-    if splits > 1:
+    def make_launcher(small_m):
         @flyc.jit
-        def moe_split(x: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor, w13: fx.Tensor,
-                      w13_scale: fx.Tensor, w13_bias: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor,
-                      w2_bias: fx.Tensor, xq: fx.Tensor, xs: fx.Tensor, sorted_pairs: fx.Tensor,
-                      tile_expert: fx.Tensor, meta: fx.Tensor, inter_q: fx.Tensor, inter_s: fx.Tensor,
-                      partial: fx.Tensor, y: fx.Tensor, out: fx.Tensor, m: fx.Int32, tiles: fx.Int32,
-                      stream: fx.Stream = fx.Stream(None)):
-            launch_all(True, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, xq, xs,
-                       sorted_pairs, tile_expert, meta, inter_q, inter_s, partial, y, out, m, tiles, stream)
+        def moe(x: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor, w13: fx.Tensor, w13_scale: fx.Tensor,
+                w13_bias: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor, w2_bias: fx.Tensor, shard: fx.Tensor,
+                xq: fx.Tensor, xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor,
+                inter_q: fx.Tensor, inter_s: fx.Tensor, y: fx.Tensor, out: fx.Tensor, m: fx.Int32,
+                tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+            launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
+                       xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream)
+        return moe
 
-    launchers = {"moe.full": moe}
-    if splits > 1:
-        launchers["moe.split"] = moe_split
+    launchers = {"moe.full": make_launcher(False)}
+    if small_m_waves:
+        launchers["moe.small_m"] = make_launcher(True)
 
     layout = dict(hp=hp, ks1=ks1, ks2=ks2, kg1=kg1, kg2=kg2, ng1=ng1, ng2=ng2, nb1=nb1, nb2=nb2, w1=w1,
-                  splits=splits)
+                  w1_small=w1_small if small_m_waves else None)
 
     def variant_for(m: int) -> str:
-        """The split-K variant while the plain gate-up would launch fewer than 256 workgroups."""
-        return "moe.split" if splits > 1 and max_tiles(m * top_k, experts) * nb1 < 256 else "moe.full"
+        """The many-wave gate-up while the plain one would launch fewer than 256 workgroups."""
+        return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * nb1 < 256 else "moe.full"
 
-    def workspace(m: int, key: str, device="cpu"):
+    def workspace(m: int, device="cpu"):
         pairs = m * top_k
         tiles = max(1, max_tiles(pairs, experts))
         rows = tiles * ROWS
         u8 = dict(dtype=torch.uint8, device=device)
         i32 = dict(dtype=torch.int32, device=device)
-        part = splits * rows * 2 * ip if key == "moe.split" else 1
         return dict(xq=torch.empty(m, hp, **u8), xs=torch.empty(m, kg1 * 16, **u8),
                     sorted_pairs=torch.empty(rows, **i32), tile_expert=torch.empty(tiles, **i32),
                     meta=torch.zeros(4, **i32), inter_q=torch.empty(rows, ip, **u8),
                     inter_s=torch.empty(rows, kg2 * 16, **u8),
-                    partial=torch.empty(part, dtype=torch.float32, device=device),
-                    y=torch.empty(max(pairs, 1), hidden, dtype=torch.float32, device=device)), tiles
+                    y=torch.empty(max(pairs, 1), hidden, dtype=torch.bfloat16, device=device)), tiles
 
     def weight_shapes():
         return dict(w13=(experts, ng1, ks1, 64, 16), w13_scale=(experts, ng1, kg1, 64, 4),
                     w13_bias=(experts, 2 * ip), w2=(experts, ng2, ks2, 64, 16),
-                    w2_scale=(experts, ng2, kg2, 64, 4), w2_bias=(experts, hidden))
+                    w2_scale=(experts, ng2, kg2, 64, 4), w2_bias=(experts, hidden), shard=(4,))
 
     def launch_args(key, x, topk_weights, topk_ids, w, out, device="cpu"):
         """The launcher's positional arguments (without the stream) for variant `key`."""
         m = x.shape[0]
-        ws, tiles = workspace(m, key, device)
+        ws, tiles = workspace(m, device)
         return (x, topk_weights, topk_ids, w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"],
-                w["w2_bias"], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], ws["meta"], ws["inter_q"],
-                ws["inter_s"], ws["partial"], ws["y"], out, m, tiles)
+                w["w2_bias"], w["shard"], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], ws["meta"],
+                ws["inter_q"], ws["inter_s"], ws["y"], out, m, tiles)
 
     def example_args_of(key):
         def example_args(m: int = 1):
-            shapes = weight_shapes()
-            w = {k: torch.zeros(s, dtype=torch.float32 if k.endswith("bias") else torch.uint8)
-                 for k, s in shapes.items()}
+            w = {k: torch.zeros(s, dtype=WEIGHT_DTYPES[k]) for k, s in weight_shapes().items()}
             return launch_args(key, torch.zeros(m, hidden, dtype=torch.bfloat16), torch.zeros(m, top_k),
                                torch.zeros(m, top_k, dtype=torch.int32), w, torch.zeros(m, hidden, dtype=torch.bfloat16))
         return example_args
 
     # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
-    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_split{splits}": (2, 4),
-                     f"{name}_gate_up_reduce": (0, 2), f"{name}_down": (2, 4)}
+    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4)}
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """For the emulator's sampled runs: the workgroups `tokens`' output rows need (None: all of them).
@@ -554,4 +571,4 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            variant_for=variant_for, launch_args=launch_args, weight_shapes=weight_shapes,
-                           layout=layout, emulator_workgroups=emulator_workgroups)
+                           weight_dtypes=WEIGHT_DTYPES, layout=layout, emulator_workgroups=emulator_workgroups)

@@ -23,6 +23,8 @@ Output (all contiguous, what the kernels read):
   w13_bias fp32 [E, 2 IP] (prepared row order; zeros without bias)
   w2   uint8 [E, h/16, KS2, 64, 16], w2_scale uint8 [E, h/16, KG2, 64, 4]  (the same over K = IP)
   w2_bias fp32 [E, h]
+  shard int32 [4]   (first live prepared column, end of the live columns, 1 if the w2 bias is added, 0): the
+         kernels do not load weight bytes of dead columns, nor a w2 bias that is not added
 with HP = h rounded up to 128, KS1 = HP/128, KG1 = ceil(KS1/4), KS2 = IP/128, KG2 = ceil(KS2/4); K past the
 checkpoint's end is zero codes with scale byte 0.
 """
@@ -81,7 +83,7 @@ def _shuffle_b(blocks: torch.Tensor, scales: torch.Tensor, k_pad: int):
 
 def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias, *, activation: str,
                     tp_size: int = 1, tp_rank: int = 0, experts_per_chunk: int = 8) -> dict:
-    """Checkpoint tensors -> {w13, w13_scale, w13_bias, w2, w2_scale, w2_bias} (see the module docstring).
+    """Checkpoint tensors -> {w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard} (see the module docstring).
 
     Works through the experts in chunks so the temporaries stay a few chunks' size, not the layer's."""
     if activation not in ("gptoss", "swiglu"):
@@ -96,6 +98,9 @@ def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_b
             out = {k: torch.empty((e, *v.shape[1:]), dtype=v.dtype, device=v.device) for k, v in part.items()}
         for k, v in part.items():
             out[k][sl] = v
+    start, end, lo, _ = shard_span(w13_blocks.shape[1] // 2, tp_size, tp_rank)
+    bias_on = int(w2_bias is not None and tp_rank == 0)
+    out["shard"] = torch.tensor([start - lo, end - lo, bias_on, 0], dtype=torch.int32, device=w13_blocks.device)
     return out
 
 

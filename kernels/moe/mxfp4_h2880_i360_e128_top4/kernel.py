@@ -2,13 +2,15 @@
 32-column scale blocks, prepared padded to 384), 128 experts, top-4, the gpt-oss activation.
 Design: amd_kernels/moe/mxfp4_moe.py; sharding: amd_kernels/moe/prepare.py.
 
-Variants: "moe.full", and "moe.split" for M <= 4 (gate-up would launch < 256 workgroups: K split over 6
-workgroups of 4 K-steps, one wave each)."""
+Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 4, where
+gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1)."""
 
 from amd_kernels.moe import mxfp4_moe, prepare
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 8
 IP = prepare.padded_intermediate(I, TP)
-SPLITS = 6
-PIPELINE = mxfp4_moe.build(H, IP, E, TOP_K, ACTIVATION, "moe_mxfp4_h2880_i360_e128_top4", splits=SPLITS)
+SMALL_M_WAVES = 8
+# A rank's 360 columns start and end inside 32-column blocks: w2's edge blocks are loaded per dword.
+PIPELINE = mxfp4_moe.build(H, IP, E, TOP_K, ACTIVATION, "moe_mxfp4_h2880_i360_e128_top4",
+                           small_m_waves=SMALL_M_WAVES, edge_blocks=(I // TP) % 32 != 0)
 VARIANTS = PIPELINE.variants
