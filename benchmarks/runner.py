@@ -5,14 +5,16 @@
 A benchmark is `benchmarks/<category>/<shape token>/bench.py` defining
     PACKAGE  "<category>/<shape token>" (the kernel package), OP (reference op name), DIMS (its dims),
     TOKENS   default token counts,
-    cost(m)  -> Cost(min_bytes, flops, min_mfma): what the op cannot do with less at m tokens.
+    cost(m)  -> Cost(min_bytes, flops, min_mfma, min_write_bytes): what the op cannot do with less at m
+             tokens (min_write_bytes: the part of min_bytes that is output, for a reads-only figure).
 Inputs come from the op's builder in references/ (prepared by the package's `prepare` hook when declared).
 
 On a gfx950 GPU: CUDA-graph replay over rotating copies of every input (> 256 MiB in total, more than the
 last-level cache, so each call reads its weights from HBM), median microseconds per call over repeats.
 On a CPU: the emulator's counters summed over the entry's launches - global bytes loaded + stored (issued
 by the lanes, and distinct dwords, the DRAM-like figure) against the minimum, MFMAs against the minimum,
-workgroups and waves against 256 CUs - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
+workgroups and waves against 256 CUs, distinct bytes loaded against the minimum's reads (where the bench
+gives min_write_bytes) - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
 SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seeded sample whose counters are
 scaled to the whole grid (distinct bytes are then not reported: NaN); packages whose grids depend on the data
 (kernel.toml workgroups = "tokens") always run whole.
@@ -42,6 +44,7 @@ class Cost:
     min_bytes: int
     flops: int
     min_mfma: int = 0
+    min_write_bytes: int = 0
 
 
 def floor_us(cost: Cost) -> dict:
@@ -114,6 +117,8 @@ def measure_emulator(bench, tokens: int) -> dict:
         "min_bytes": cost.min_bytes,
         "bytes_issued_x_min": issued / cost.min_bytes,
         "bytes_distinct_x_min": distinct / cost.min_bytes,
+        "loads_distinct_x_min_reads": (totals["global_load_distinct_bytes"] / (cost.min_bytes - cost.min_write_bytes)
+                                       if cost.min_write_bytes else None),
         "mfma": int(totals["mfma"]),
         "min_mfma": cost.min_mfma,
         "mfma_x_min": (totals["mfma"] / cost.min_mfma) if cost.min_mfma else None,
@@ -179,6 +184,9 @@ def _fmt(row: dict) -> str:
     mfma = f"{row['mfma']}/{row['min_mfma']} = {row['mfma_x_min']:.3f}x" if row["min_mfma"] else "-"
     dist = row["bytes_distinct_x_min"]
     dist = "  sampled" if dist != dist else f"{dist:8.3f}x"  # NaN: a sampled run has no distinct count
+    reads = row.get("loads_distinct_x_min_reads")
+    if reads is not None and reads == reads:
+        dist += f"  (loads {reads:.3f}x min reads)"
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
             f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
             f"  waves {row['waves_main']}"

@@ -4,7 +4,7 @@ min bytes: read x (bf16), topk_weights and topk_ids once, write out (bf16) once,
 of every expert the routing selects - MXFP4 codes and E8M0 scales of the rank's real (unpadded) rows and
 columns (a TP8 rank's w2 scale blocks: the blocks its columns touch), bf16 biases where the model has them.
 Intermediate tensors (quantized x, sorted pairs, gate-up output, per-slot rows) are not in the minimum: a
-fully fused kernel would not write them.
+fully fused kernel would not write them. min_write_bytes: out; the rest is the reads' minimum.
 min MFMA: 16x16x128 steps with every expert's pairs in 16-row tiles: sum over used experts of
 ceil(n_e / 16) * (2 I / 16 * ceil(h / 128) + h / 16 * ceil(I / 128)), I the rank's columns.
 FLOPs: 2 m k (2 I h + h I).
@@ -38,4 +38,4 @@ def moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_si
     tiles = int(((counts + 15) // 16).sum())
     min_mfma = tiles * (2 * per // 16 * -(-hidden // 128) + hidden // 16 * -(-per // 128))
     flops = 2 * m * top_k * (2 * per * hidden + hidden * per)
-    return Cost(min_bytes, flops, min_mfma)
+    return Cost(min_bytes, flops, min_mfma, min_write_bytes=m * hidden * 2)

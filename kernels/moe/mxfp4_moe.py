@@ -65,41 +65,6 @@ def _dword(rsrc, off):
     return fx.Int32(rocdl.raw_ptr_buffer_load(T.i32, rsrc, buffer._ir(off), buffer._ir(0)))
 
 
-def _scale_dword(rsrc, off, n: int):
-    """A lane's E8M0 dword of 4 K-steps, of which only the first n exist (the last dword of a row): the
-    absent bytes are not loaded (they read as 0)."""
-    if n >= 4:
-        return _dword(rsrc, off)
-    i16, i8 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(8)
-    v = fx.Int32(0)
-    if n >= 2:
-        v = fx.Int32(fx.Int16(rocdl.raw_ptr_buffer_load(i16, rsrc, buffer._ir(off), buffer._ir(0))).to(fx.Int32)) & 0xFFFF
-    if n % 2:
-        b = fx.Int32(fx.Int8(rocdl.raw_ptr_buffer_load(i8, rsrc, buffer._ir(off + (n - 1)), buffer._ir(0))).to(fx.Int32))
-        v = v | ((b & 0xFF) << (8 * (n - 1)))
-    return v
-
-
-def _load_live_cols(rsrc, off, k0, lo, hi, per_dword: bool):
-    """A lane's 16 B-operand bytes = the 32 K-columns k0 .. k0 + 31, loaded only where columns in [lo, hi)
-    are: the whole vector or nothing, or (per_dword) each dword of 8 columns on its own."""
-    if not per_dword:
-        return buffer.load_x4(rsrc, ((k0 + 32 > lo) & (k0 < hi)).select(off, buffer.never_in_range()))
-    return fx.Vector.from_elements(
-        [_dword(rsrc, ((k0 + 8 * d + 8 > lo) & (k0 + 8 * d < hi)).select(off + 4 * d, buffer.never_in_range()))
-         for d in range(4)], fx.Int32)
-
-
-def _scale_dword_of(rsrc, off, j, kg: int, ks: int):
-    """_scale_dword for a runtime dword index j of a row of kg dwords over ks K-steps."""
-    n_last = ks - 4 * (kg - 1)
-    if n_last == 4:
-        return _dword(rsrc, off)
-    last = j == kg - 1
-    return (_dword(rsrc, last.select(buffer.never_in_range(), off))
-            | _scale_dword(rsrc, last.select(off, buffer.never_in_range()), n_last))
-
-
 def _sub_resource(t, elem_offset, nbytes):
     ptr = fx.add_offset(fx.get_iter(t), fx.Int64(elem_offset))
     return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(ptr, num_records_bytes=fx.Int64(nbytes)))
@@ -189,11 +154,9 @@ def _num_tiles(meta):
     return wave.uniform_i32(_dword(buffer.tensor_resource(meta, 16), 0))
 
 
-def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0,
-          edge_blocks: bool = False):
+def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0):
     """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
-    splits K over up to that many waves per workgroup (summed through LDS in wave order). edge_blocks: the
-    live intermediate columns may start or end inside a 32-column block (a TP rank's span)."""
+    splits K over up to that many waves per workgroup (summed through LDS in wave order)."""
     biases = activation == "gptoss"
     hp = round_up(hidden, KSTEP)
     ks1, ks2 = hp // KSTEP, ip // KSTEP
@@ -370,8 +333,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                 for s4 in range_constexpr(ksw // 4):
                     j = ks0 // 4 + s4
                     sa = _dword(as_rsrc, as_row + j * 16)
-                    sbs = [_scale_dword_of(bs_rsrc, col_live[g % 2].select((g * kg1 + j) * 256 + lane * 4,
-                                                                           buffer.never_in_range()), j, kg1, ks1)
+                    sbs = [_dword(bs_rsrc, col_live[g % 2].select((g * kg1 + j) * 256 + lane * 4,
+                                                                  buffer.never_in_range()))
                            for g in range_constexpr(4)]
                     for b in range_constexpr(4):
                         ks = ks0 + s4 * 4 + b
@@ -434,19 +397,18 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
             accs = [mfma.zeros() for _ in range_constexpr(4)]
             for j in range_constexpr(kg2):
                 sa = _dword(as_rsrc, as_row + j * 16)
-                sbs = [_scale_dword(bs_rsrc, (g * kg2 + j) * 256 + lane * 4, min(4, ks2 - 4 * j))
-                       for g in range_constexpr(4)]
+                sbs = [_dword(bs_rsrc, (g * kg2 + j) * 256 + lane * 4) for g in range_constexpr(4)]
                 for b in range_constexpr(min(4, ks2 - 4 * j)):
                     ks = 4 * j + b
                     a = buffer.load_x4(a_rsrc, a_row + ks * KSTEP).shuffle(
                         buffer.load_x4(a_rsrc, a_row + ks * KSTEP + 64), list(range(8)))
-                    # Lane q's B vector is the 32-column K-block 4 ks + q: not loaded when no column of
-                    # it is live (its codes are zero); a block the live span starts or ends in (first and
-                    # last K-step, shapes with edge_blocks) is loaded per dword of 8 columns.
+                    # Lane q's B vector is the 32-column K-block 4 ks + q (16 lanes = 256 contiguous
+                    # bytes): not loaded when no column of it is live (its codes are zero).
                     k0 = ks * KSTEP + q * 32
-                    edge = edge_blocks and ks in (0, ks2 - 1)
+                    k_live = (k0 + 32 > lo) & (k0 < hi)
                     for g in range_constexpr(4):
-                        bv = _load_live_cols(b_rsrc, (g * ks2 + ks) * 1024 + lane * 16, k0, lo, hi, edge)
+                        bv = buffer.load_x4(b_rsrc, k_live.select((g * ks2 + ks) * 1024 + lane * 16,
+                                                                  buffer.never_in_range()))
                         accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sbs[g], b)
             bias = None
             if biases:

@@ -10,7 +10,6 @@ from amd_kernels.moe import mxfp4_moe, prepare
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 8
 IP = prepare.padded_intermediate(I, TP)
 SMALL_M_WAVES = 8
-# A rank's 360 columns start and end inside 32-column blocks: w2's edge blocks are loaded per dword.
 PIPELINE = mxfp4_moe.build(H, IP, E, TOP_K, ACTIVATION, "moe_mxfp4_h2880_i360_e128_top4",
-                           small_m_waves=SMALL_M_WAVES, edge_blocks=(I // TP) % 32 != 0)
+                           small_m_waves=SMALL_M_WAVES)
 VARIANTS = PIPELINE.variants

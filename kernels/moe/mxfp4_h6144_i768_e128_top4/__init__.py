@@ -1,6 +1,6 @@
 """MXFP4 MoE, hidden 6144, intermediate 768, 128 experts, top-4, SwiGLU.
 
-Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias) -> bf16 [M, 6144],
+Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard) -> bf16 [M, 6144],
 the weights from `prepare_weights` (amd_kernels.moe.prepare, run once at load time);
 also torch.ops.amd_kernels.mxfp4_h6144_i768_e128_top4_moe.
 """

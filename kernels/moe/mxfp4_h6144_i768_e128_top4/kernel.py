@@ -2,12 +2,12 @@
 (zero bias tensors in the prepared weights). Design: amd_kernels/moe/mxfp4_moe.py.
 
 Variants: "moe.full" (gate-up: 4 waves of 12 K-steps per workgroup), and "moe.small_m" for M <= 2, where
-gate-up would launch < 256 workgroups: 12 waves of 4 K-steps each (1152 waves at M = 1)."""
+gate-up would launch < 256 workgroups: 6 waves of 8 K-steps each (576 waves at M = 1)."""
 
 from amd_kernels.moe import mxfp4_moe
 
 H, I, E, TOP_K, ACTIVATION = 6144, 768, 128, 4, "swiglu"
-SMALL_M_WAVES = 12
+SMALL_M_WAVES = 8
 PIPELINE = mxfp4_moe.build(H, I, E, TOP_K, ACTIVATION, "moe_mxfp4_h6144_i768_e128_top4",
                            small_m_waves=SMALL_M_WAVES)
 VARIANTS = PIPELINE.variants
