@@ -314,3 +314,100 @@ def execute(mnemonic: str, a, b, c, mods: dict) -> np.ndarray:
             A, B = A * SA, B * SB
         D = A @ B + C.view(np.float32).astype(np.float64)
         return pack_cd(mnemonic, D.astype(np.float32).view(np.uint32))
+
+
+# --------------------------------------------------------------------------------------------- fast path
+#
+# The same arithmetic as execute(), for the forms the MoE / GEMM kernels run (f8f6f4 with FP8/BF8/FP4
+# operands, scaled or not), with the per-call layout work done once per instruction: operand bytes are
+# decoded with one table lookup (FP4: a 256-entry table of nibble pairs) and put in matrix order with one
+# precomputed gather. Every array that reaches a floating-point operation has the same values, shape and
+# memory layout (strides) as in execute(), so numpy runs the same loops and results are bitwise equal,
+# NaN payloads and signs included (test_mfma.py::test_fast_path_bitwise checks it).
+
+@lru_cache(maxsize=None)
+def _gather_plan(mnemonic: str, fmt: str, which: str):
+    """(nregs, perm): the operand matrix flattened is lane_values.ravel()[perm], lane_values (64, E) being
+    each lane's elements in register order; None when fields are not whole bytes / nibbles or the layout
+    does not hold every matrix element exactly once."""
+    f = _form(mnemonic)
+    nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
+    if width not in (4, 8) or fmt not in numerics._LUT64:
+        return None
+    flat = (outer * f.K + k if which == "a" else k * f.N + outer).ravel()
+    size = f.M * f.K if which == "a" else f.K * f.N
+    if flat.size != size or np.unique(flat).size != size:
+        return None
+    perm = np.empty(size, np.intp)
+    perm[flat] = np.arange(size)
+    return nregs, perm
+
+
+@lru_cache(maxsize=None)
+def _byte_lut(fmt: str) -> np.ndarray:
+    """float64 values of a byte of packed codes: (256,) for 8-bit formats, (256, 2) nibble pairs (low
+    nibble = the earlier element, as _unpack_bits) for FP4. Entries are copies of numerics' decode table."""
+    lut = numerics._LUT64[fmt]
+    if numerics.WIDTH[fmt] == 8:
+        return lut
+    b = np.arange(256)
+    return np.ascontiguousarray(np.stack([lut[b & 0xF], lut[b >> 4]], axis=1))
+
+
+@lru_cache(maxsize=None)
+def _cd_gather(M: int):
+    """perm with D-matrix.ravel() = regs.ravel()[perm] (inverse of _cd_layout's scatter)."""
+    row, col = _cd_layout(M)
+    N = M                                             # the square forms only (16x16, 32x32)
+    flat = (row * N + col).ravel()
+    perm = np.empty(flat.size, np.intp)
+    perm[flat] = np.arange(flat.size)
+    return perm
+
+
+def fast_executor(mnemonic: str, mods: dict):
+    """A function (a, b, c, scale_a, scale_b) -> D equal bit for bit to execute() for this instruction's
+    static modifiers (scale_a / scale_b: the scale VGPRs, uint32 (64,), ignored when unscaled), or None
+    when the form has no fast path (then call execute())."""
+    f = _form(mnemonic)
+    if not f.f8f6f4 or f.out != "f32" or f.M != f.N:
+        return None
+    try:
+        _check_mods(f, mods)
+        fa, fb = operand_formats(mnemonic, mods)
+    except NotImplementedError:
+        return None                                   # execute() raises it when the instruction runs
+    pa, pb = _gather_plan(mnemonic, fa, "a"), _gather_plan(mnemonic, fb, "b")
+    if pa is None or pb is None:
+        return None
+    (na, perm_a), (nb, perm_b) = pa, pb
+    lut_a, lut_b = _byte_lut(fa), _byte_lut(fb)
+    M, N, K = f.M, f.N, f.K
+    perm_c = _cd_gather(M)
+    row, col = _cd_layout(M)
+    nc = row.shape[0]
+    scaled = f.scaled
+    if scaled:
+        ops = [int(x) for x in (mods.get("op_sel") or [])] + [0, 0]
+        hi = [int(x) for x in (mods.get("op_sel_hi") or [])] + [0, 0]
+        sh_a, sh_b = np.uint32(8 * (ops[0] + 2 * hi[0])), np.uint32(8 * (ops[1] + 2 * hi[1]))
+        e8m0 = numerics._LUT64["e8m0"]
+        nblk = 64 // M
+        kblk = np.arange(K) // 32
+
+    def run(a, b, c, scale_a=None, scale_b=None):
+        if a.shape[0] < na or b.shape[0] < nb:
+            return None
+        A = lut_a[np.ascontiguousarray(a[:na].T).view(np.uint8)].reshape(-1)[perm_a].reshape(M, K)
+        B = lut_b[np.ascontiguousarray(b[:nb].T).view(np.uint8)].reshape(-1)[perm_b].reshape(K, N)
+        C = np.asarray(c, np.uint32)[:nc].reshape(-1)[perm_c].reshape(M, N)
+        if scaled:
+            # _scale_matrices' SA is F-ordered (M, K), its SB C-ordered (K, N): built here in those layouts
+            da = e8m0[(np.asarray(scale_a, np.uint32) >> sh_a) & 0xFF]
+            db = e8m0[(np.asarray(scale_b, np.uint32) >> sh_b) & 0xFF]
+            SA = da.reshape(nblk, M)[kblk].T
+            SB = db.reshape(nblk, N)[kblk]
+            A, B = A * SA, B * SB
+        D = A @ B + C.view(np.float32).astype(np.float64)
+        return D.astype(np.float32).view(np.uint32)[row, col]
+    return run

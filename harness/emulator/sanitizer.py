@@ -399,7 +399,10 @@ class WaveSan:
         inst = self.insts[self.base + 4 * i]
         if not self.hazards:
             self.clock = 0
-        self.hazards.append((self.static.dst_of_mfma[i], self.clock, mfma_passes(inst), self.base + 4 * i))
+        passes = self.static.passes_of_mfma[i]
+        if passes is None:                      # computed once per instruction (a regex on the mnemonic)
+            passes = self.static.passes_of_mfma[i] = mfma_passes(inst)
+        self.hazards.append((self.static.dst_of_mfma[i], self.clock, passes, self.base + 4 * i))
 
     def check_hazards(self, i: int):
         hz = self.static.hz[i]
@@ -440,6 +443,7 @@ class Instrumented:
     def __init__(self, program, acc: int):
         self.static = StaticInfo(program, acc)
         self.static.dst_of_mfma = [0] * len(program.table)
+        self.static.passes_of_mfma = [None] * len(program.table)
         table = list(program.table)
         for inst in program.insts.values():
             i = (inst.pc - program.base) >> 2
