@@ -10,40 +10,34 @@ LDS_BANKS = 32          # 4-byte banks; UNSURE for gfx950 (CDNA3 has 32; a model
 _COMPACT_AT = 1 << 16   # pending runs before merging
 
 
-def _runs(addrs: np.ndarray, nbytes: int, shift: int) -> np.ndarray:
-    """Lane accesses [a, a + nbytes) in units of 2^shift bytes, merged into sorted disjoint [start, end) runs
-    (a wave's lanes mostly touch a few contiguous spans, so this keeps the pending list short)."""
-    a = np.sort(np.asarray(addrs).astype(np.int64))
-    first = a >> shift
-    end = ((a + nbytes - 1) >> shift) + 1          # monotone in a, like first
-    new = np.ones(len(a), bool)
-    new[1:] = first[1:] > end[:-1]
-    last = np.ones(len(a), bool)
-    last[:-1] = new[1:]
-    return np.stack([first[new], end[last]], axis=1)
-
-
 class _Intervals:
     """Intervals [start, end) (bytes, or dwords with shift=2) touched, merged into a sorted disjoint (k, 2)
-    int64 array."""
+    int64 array.
+
+    add() only records the lane addresses; they are turned into intervals and merged in batches (the
+    merged form is the canonical union, touching intervals joined, so batching does not change it)."""
 
     def __init__(self, shift: int = 0):
         self._shift = shift
-        self._pending: list[np.ndarray] = []
+        self._pending: list[tuple[np.ndarray, int]] = []
         self._n = 0
         self._merged = np.zeros((0, 2), np.int64)
 
     def add(self, addrs: np.ndarray, nbytes: int) -> None:
-        runs = _runs(addrs, nbytes, self._shift)
-        self._pending.append(runs)
-        self._n += len(runs)
+        a = np.asarray(addrs).astype(np.int64)          # a copy: callers may reuse their arrays
+        self._pending.append((a, nbytes))
+        self._n += len(a)
         if self._n > _COMPACT_AT:
             self._compact()
 
     def _compact(self):
         if not self._pending:
             return
-        iv = np.concatenate([self._merged] + self._pending)
+        a = np.concatenate([p[0] for p in self._pending])
+        nb = np.repeat(np.array([p[1] for p in self._pending], np.int64), [len(p[0]) for p in self._pending])
+        shift = self._shift
+        runs = np.stack([a >> shift, ((a + nb - 1) >> shift) + 1], axis=1)
+        iv = np.concatenate([self._merged, runs])
         self._pending, self._n = [], 0
         iv = iv[np.argsort(iv[:, 0], kind="stable")]
         ends = np.maximum.accumulate(iv[:, 1])

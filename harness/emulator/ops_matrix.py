@@ -62,19 +62,6 @@ def build_mfma(inst, ctx):
     if scaled:
         sa, sb = raw_reader(ops[4], acc), raw_reader(ops[5], acc)
     counters = ctx.counters
-    fast = mfma.fast_executor(name, mods)   # same bits as mfma.execute, layouts precomputed
-
-    if fast is not None:
-        def h(w):
-            if scaled:
-                d = fast(ra(w), rb(w), rc(w), np.broadcast_to(sa(w), (WAVE,)), np.broadcast_to(sb(w), (WAVE,)))
-            else:
-                d = fast(ra(w), rb(w), rc(w))
-            if d is None:                    # operands too short: execute() reports it
-                return slow(w)
-            w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
-            counters.mfma[name] += 1
-        return h
 
     def slow(w):
         m = dict(mods)
@@ -84,6 +71,19 @@ def build_mfma(inst, ctx):
         d = mfma.execute(name, ra(w), rb(w), rc(w), m)
         w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
         counters.mfma[name] += 1
+
+    fast = mfma.fast_executor(name, mods)   # same bits as mfma.execute, layouts precomputed
+    if fast is not None:
+        def h(w):
+            if scaled:
+                d = fast(ra(w), rb(w), rc(w), np.broadcast_to(sa(w), (WAVE,)), np.broadcast_to(sb(w), (WAVE,)))
+            else:
+                d = fast(ra(w), rb(w), rc(w))
+            if d is None:                    # no fast path this time (see mfma.fast_executor)
+                return slow(w)
+            w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
+            counters.mfma[name] += 1
+        return h
     return slow
 
 

@@ -312,33 +312,35 @@ class BufferAddress:
         self.soff = scalar_reader(soffset)
 
     def compute(self, w, nbytes):
-        """(addresses uint64 (64,), per-lane range offset int64 (64,), num_records, stride)."""
+        """(addresses uint64 (64,), per-lane range offset int64 (64,) or a Python int when the same for
+        every lane, index int64 (64,) or 0, num_records, stride)."""
         s = w.s
         d0, d1, d2 = s[self.rsrc], s[self.rsrc + 1], s[self.rsrc + 2]
         base = d0 | ((d1 & 0xFFFF) << 32)
         stride = (d1 >> 16) & 0x3FFF
         num_records = d2
-        off = np.full(WAVE, self.inst_offset, np.int64)
-        idx = np.zeros(WAVE, np.int64)
+        soff = self.soff(w)
         if self.idxen:
             idx = w.v[self.vrow].astype(np.int64)
-            if self.offen:
-                off = off + w.v[self.vrow + 1].astype(np.int64)
-        elif self.offen:
-            off = off + w.v[self.vrow].astype(np.int64)
-        soff = self.soff(w)
-        addr = (base + soff + stride * idx + off).astype(U64)
+            off = self.inst_offset + w.v[self.vrow + 1].astype(np.int64) if self.offen else self.inst_offset
+        else:
+            idx = 0
+            off = self.inst_offset + w.v[self.vrow].astype(np.int64) if self.offen else self.inst_offset
+        # int64 throughout, as before: base + soff + stride * idx + off, then to uint64
+        addr = np.broadcast_to(np.asarray(base + soff + stride * idx + off, np.int64), (WAVE,)).astype(U64)
         return addr, off + soff, idx, num_records, stride
 
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
+        ndw = max(1, nbytes // 4)
         if stride == 0 and not self.idxen:
             # UNSURE (gfx9 raw buffers): a dword is in range when its last byte is below num_records.
-            ok_dw = [(off + 4 * j + min(4, nbytes)) <= num_records for j in range(max(1, nbytes // 4))]
+            last = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
+            ok = (np.asarray(off, np.int64).reshape(-1, 1) + last) <= num_records
         else:
-            ok = (idx < num_records) & (off - self.soff(w) < max(stride, 1))
-            ok_dw = [ok] * max(1, nbytes // 4)
-        return addr, np.stack(ok_dw, axis=1)   # (64, ndw)
+            ok = (np.asarray(idx) < num_records) & (np.asarray(off) - self.soff(w) < max(stride, 1))
+            ok = np.repeat(np.broadcast_to(ok, (WAVE,))[:, None], ndw, axis=1)
+        return addr, np.broadcast_to(ok, (WAVE, ndw))   # (64, ndw)
 
 
 def build_buffer(inst, ctx):

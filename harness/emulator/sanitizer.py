@@ -41,6 +41,7 @@ Memory checking: see MemoryMap.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -202,6 +203,8 @@ class MemoryMap:
         self.starts = np.array([r[0] for r in ranges], np.int64)
         self.ends = np.array([r[1] for r in ranges], np.int64)
         self.shadows = [r[3] for r in ranges]          # None or uint8 array over [start, end)
+        self._start_list = [int(r[0]) for r in ranges]   # for bisect in check's one-range fast path
+        self._end_list = [int(r[1]) for r in ranges]
 
     def _locate(self, a: np.ndarray, nbytes: int):
         idx = np.searchsorted(self.starts, a, side="right") - 1
@@ -215,6 +218,16 @@ class MemoryMap:
         if not len(a):
             return
         a = np.asarray(a, np.int64)
+        # Fast path, the usual case: the lowest and the highest address locate the same range and the
+        # highest access ends inside it. Locating is monotone in the address, so every lane then locates
+        # that range and is inside it: exactly what _locate would find, without the per-lane search.
+        lo, hi = int(a.min()), int(a.max())
+        r = bisect_right(self._start_list, lo) - 1
+        if r >= 0 and hi + nbytes <= self._end_list[r] and bisect_right(self._start_list, hi) - 1 == r:
+            sh = self.shadows[r]
+            if sh is not None:
+                self._shadow(sh, r, a, nbytes, lanes, what, read, write)
+            return
         ok, idx = self._locate(a, nbytes)
         if not ok.all():
             j = int(np.argmin(ok))
@@ -226,17 +239,21 @@ class MemoryMap:
             if sh is None:
                 continue
             sel = idx == r
-            off = (a[sel] - self.starts[r])[:, None] + np.arange(nbytes)
-            if read:
-                bad = sh[off] == 0
-                if bad.any():
-                    j, b = np.argwhere(bad)[0]
-                    lane = int(np.asarray(lanes)[sel][j])
-                    raise SanitizerError(
-                        "uninitialized", f"{what} reads never-written byte {int(a[sel][j]) + int(b):#x} "
-                        f"(offset {int(off[j, b])} of fresh tensor {self.names[r]}) in lane {lane}")
-            if write:
-                sh[off] = 1
+            self._shadow(sh, r, a[sel], nbytes, np.asarray(lanes)[sel], what, read, write)
+
+    def _shadow(self, sh, r, a, nbytes, lanes, what, read, write):
+        """Written-byte map of fresh range r: report a read of a never-written byte, mark written ones."""
+        off = (a - self.starts[r])[:, None] + np.arange(nbytes)
+        if read:
+            bad = sh[off] == 0
+            if bad.any():
+                j, b = np.argwhere(bad)[0]
+                lane = int(np.asarray(lanes)[j])
+                raise SanitizerError(
+                    "uninitialized", f"{what} reads never-written byte {int(a[j]) + int(b):#x} "
+                    f"(offset {int(off[j, b])} of fresh tensor {self.names[r]}) in lane {lane}")
+        if write:
+            sh[off] = 1
 
     def _near(self, addr: int) -> str:
         if not len(self.starts):
