@@ -76,7 +76,9 @@ def build_mfma(inst, ctx):
     if fast is not None:
         def h(w):
             if scaled:
-                d = fast(ra(w), rb(w), rc(w), np.broadcast_to(sa(w), (WAVE,)), np.broadcast_to(sb(w), (WAVE,)))
+                x, y = sa(w), sb(w)          # (64,) VGPR rows; an SGPR / constant scale is 0-d
+                d = fast(ra(w), rb(w), rc(w), x if x.ndim else np.full(WAVE, x, U32),
+                         y if y.ndim else np.full(WAVE, y, U32))
             else:
                 d = fast(ra(w), rb(w), rc(w))
             if d is None:                    # no fast path this time (see mfma.fast_executor)

@@ -114,8 +114,7 @@ def _check(w, a, nbytes, act, what, read, write):
     """Memory-map check of the addresses `a` (the active lanes `act`, or a lane-index array)."""
     s = w.san
     if s is not None and s.mem is not None and len(a):
-        lanes = np.nonzero(act)[0] if act.dtype == bool else act
-        s.mem.check(a, nbytes, lanes, what, read, write)
+        s.mem.check(a, nbytes, act, what, read, write)      # a bool `act` becomes lane numbers there
 
 
 def _lds_idx(addrs, nbytes):
@@ -310,6 +309,7 @@ class BufferAddress:
         self.vrow = row_of(vaddr, acc) if vaddr.is_vector else None
         self.rsrc = srsrc.index
         self.soff = scalar_reader(soffset)
+        self._last = {}          # nbytes -> offsets of each dword's end, for the raw-buffer range check
 
     def compute(self, w, nbytes):
         """(addresses uint64 (64,), per-lane range offset int64 (64,) or a Python int when the same for
@@ -326,8 +326,9 @@ class BufferAddress:
         else:
             idx = 0
             off = self.inst_offset + w.v[self.vrow].astype(np.int64) if self.offen else self.inst_offset
-        # int64 throughout, as before: base + soff + stride * idx + off, then to uint64
-        addr = np.broadcast_to(np.asarray(base + soff + stride * idx + off, np.int64), (WAVE,)).astype(U64)
+        # int64 (exact: every term is far below 2**63), then to uint64
+        addr = base + soff + stride * idx + off
+        addr = addr.astype(U64) if isinstance(addr, np.ndarray) else np.full(WAVE, addr, U64)
         return addr, off + soff, idx, num_records, stride
 
     def in_range(self, w, nbytes):
@@ -335,12 +336,18 @@ class BufferAddress:
         ndw = max(1, nbytes // 4)
         if stride == 0 and not self.idxen:
             # UNSURE (gfx9 raw buffers): a dword is in range when its last byte is below num_records.
-            last = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
-            ok = (np.asarray(off, np.int64).reshape(-1, 1) + last) <= num_records
-        else:
-            ok = (np.asarray(idx) < num_records) & (np.asarray(off) - self.soff(w) < max(stride, 1))
-            ok = np.repeat(np.broadcast_to(ok, (WAVE,))[:, None], ndw, axis=1)
-        return addr, np.broadcast_to(ok, (WAVE, ndw))   # (64, ndw)
+            last = self._last.get(nbytes)
+            if last is None:
+                last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
+            if isinstance(off, np.ndarray):
+                return addr, (off[:, None] + last) <= num_records          # (64, ndw)
+            ok = np.empty((WAVE, ndw), bool)
+            ok[:] = (off + last) <= num_records
+            return addr, ok
+        ok = (np.asarray(idx) < num_records) & (np.asarray(off) - self.soff(w) < max(stride, 1))
+        out = np.empty((WAVE, ndw), bool)
+        out[:] = ok[:, None] if ok.ndim else ok
+        return addr, out
 
 
 def build_buffer(inst, ctx):
@@ -399,7 +406,7 @@ def build_buffer(inst, ctx):
         def h(w):
             act = _active(w)
             addr, ok = ba.in_range(w, nbytes)
-            a, okl = addr[act], ok[act]
+            a, okl = (addr, ok) if act is _ALL else (addr[act], ok[act])   # fresh arrays either way
             if not len(a):
                 _deliver(w, "vm", dmask, None)
                 return
@@ -433,7 +440,7 @@ def build_buffer(inst, ctx):
     def h(w):
         act = _active(w)
         addr, ok = ba.in_range(w, nbytes)
-        a, okl = addr[act], ok[act]
+        a, okl = (addr, ok) if act is _ALL else (addr[act], ok[act])   # fresh arrays either way
         if w.san is not None:
             _deliver(w, "vm", 0, None)
             if w.san.mem is not None:

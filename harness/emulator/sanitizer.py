@@ -190,6 +190,13 @@ def waitcnt_fields(inst) -> tuple[int, int]:
 
 # ---- memory map: reachable tensors and poison ---------------------------------------------------------
 
+def _lane_numbers(lanes) -> np.ndarray:
+    """Lane numbers from a bool lane mask or an array of lane numbers (masks are converted only when
+    needed: for a report or a multi-range access)."""
+    lanes = np.asarray(lanes)
+    return np.nonzero(lanes)[0] if lanes.dtype == bool else lanes
+
+
 class MemoryMap:
     """Byte ranges a launch may touch, and which bytes of fresh tensors have been written.
 
@@ -214,7 +221,8 @@ class MemoryMap:
         return ok, idxc
 
     def check(self, a, nbytes: int, lanes, what: str, read: bool, write: bool):
-        """Raise for any address outside every range or any poisoned byte read; mark written bytes."""
+        """Raise for any address outside every range or any poisoned byte read; mark written bytes.
+        `lanes`: the lane of each address, or the bool mask of those lanes."""
         if not len(a):
             return
         a = np.asarray(a, np.int64)
@@ -228,6 +236,7 @@ class MemoryMap:
             if sh is not None:
                 self._shadow(sh, r, a, nbytes, lanes, what, read, write)
             return
+        lanes = _lane_numbers(lanes)
         ok, idx = self._locate(a, nbytes)
         if not ok.all():
             j = int(np.argmin(ok))
@@ -248,7 +257,7 @@ class MemoryMap:
             bad = sh[off] == 0
             if bad.any():
                 j, b = np.argwhere(bad)[0]
-                lane = int(np.asarray(lanes)[j])
+                lane = int(_lane_numbers(lanes)[j])
                 raise SanitizerError(
                     "uninitialized", f"{what} reads never-written byte {int(a[j]) + int(b):#x} "
                     f"(offset {int(off[j, b])} of fresh tensor {self.names[r]}) in lane {lane}")
