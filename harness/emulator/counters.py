@@ -66,6 +66,26 @@ class _DistinctDwords(_Intervals):
         return 4 * self.units()
 
 
+_bank_cache: dict = {}
+
+
+def _bank_conflicts(addrs: np.ndarray, nbytes: int) -> int:
+    """Extra LDS cycles of one wave access (lane addresses, in lane order) from bank conflicts (model)."""
+    n = len(addrs)
+    # Lanes served per pass: 32 for <=4 bytes, 16 for 8, 8 for 12/16 (each pass moves 128 bytes).
+    per_pass = max(1, 128 // max(4, nbytes))
+    ndw = max(1, (nbytes + 3) // 4)
+    dw = (np.asarray(addrs, np.int64) >> 2)[:, None] + np.arange(ndw)
+    passes = (np.arange(n) // per_pass)[:, None].repeat(ndw, axis=1)
+    keys = np.unique(passes.ravel() * (1 << 40) + dw.ravel())     # same dword in a pass: broadcast
+    p, d = keys >> 40, keys & ((1 << 40) - 1)
+    counts = np.bincount(p * LDS_BANKS + d % LDS_BANKS)
+    per_bank = np.zeros(((n + per_pass - 1) // per_pass) * LDS_BANKS, np.int64)
+    per_bank[: counts.size] = counts
+    worst = per_bank.reshape(-1, LDS_BANKS).max(axis=1)
+    return int(np.maximum(worst - 1, 0).sum())
+
+
 class Counters:
     def __init__(self):
         self.instructions = Counter()        # class -> wave-instructions
@@ -114,18 +134,17 @@ class Counters:
             self.lds_write_bytes += n * nbytes
         else:
             self.lds_read_bytes += n * nbytes
-        # Lanes served per pass: 32 for <=4 bytes, 16 for 8, 8 for 12/16 (each pass moves 128 bytes).
-        per_pass = max(1, 128 // max(4, nbytes))
-        ndw = max(1, (nbytes + 3) // 4)
-        dw = (np.asarray(addrs, np.int64) >> 2)[:, None] + np.arange(ndw)
-        passes = (np.arange(n) // per_pass)[:, None].repeat(ndw, axis=1)
-        keys = np.unique(passes.ravel() * (1 << 40) + dw.ravel())     # same dword in a pass: broadcast
-        p, d = keys >> 40, keys & ((1 << 40) - 1)
-        counts = np.bincount(p * LDS_BANKS + d % LDS_BANKS)
-        per_bank = np.zeros(((n + per_pass - 1) // per_pass) * LDS_BANKS, np.int64)
-        per_bank[: counts.size] = counts
-        worst = per_bank.reshape(-1, LDS_BANKS).max(axis=1)
-        self.lds_bank_conflicts += int(np.maximum(worst - 1, 0).sum())
+        # The count depends only on the addresses relative to a dword-aligned base (a common shift keeps
+        # equal dwords equal and rotates the banks), and a few lane patterns recur: cache by pattern.
+        a = np.asarray(addrs, np.int64)
+        key = (nbytes, (a - (int(a[0]) & ~3)).tobytes())
+        extra = _bank_cache.get(key)
+        if extra is None:
+            extra = _bank_conflicts(a, nbytes)
+            if len(_bank_cache) >= 1 << 14:
+                _bank_cache.clear()
+            _bank_cache[key] = extra
+        self.lds_bank_conflicts += extra
 
     def as_dict(self) -> dict:
         return {

@@ -415,7 +415,11 @@ def build_buffer(inst, ctx):
                 data = mem_read(a, nbytes)
             else:
                 lane_ok = okl.any(axis=1)
-                if w.san is not None and w.san.mem is not None:
+                # Lanes wholly in or wholly out of range (buffer bounds zero-filling padding rows) whose
+                # in-range bytes pass the memory check as a whole: the per-dword checks would pass too.
+                if w.san is not None and w.san.mem is not None and not (
+                        (okl == lane_ok[:, None]).all()
+                        and w.san.mem.clean_read(a[lane_ok], nbytes, 4 * (okl.shape[1] - 1))):
                     lanes = np.nonzero(act)[0]
                     for j in range(okl.shape[1]):
                         sel = okl[:, j]

@@ -250,6 +250,20 @@ class MemoryMap:
             sel = idx == r
             self._shadow(sh, r, a[sel], nbytes, np.asarray(lanes)[sel], what, read, write)
 
+    def clean_read(self, a, nbytes: int, last: int) -> bool:
+        """True when reading [a, a + nbytes) in pieces starting at a .. a + last (check() per piece)
+        would report nothing: every piece locates one range, fits in it and reads only written bytes.
+        No side effects; callers fall back to the piecewise checks (and their reports) when False."""
+        a = np.asarray(a, np.int64)
+        if not len(a):
+            return True
+        lo, hi = int(a.min()), int(a.max())
+        r = bisect_right(self._start_list, lo) - 1
+        if r < 0 or hi + nbytes > self._end_list[r] or bisect_right(self._start_list, hi + last) - 1 != r:
+            return False
+        sh = self.shadows[r]
+        return sh is None or bool(sh[(a - self.starts[r])[:, None] + np.arange(nbytes)].all())
+
     def _shadow(self, sh, r, a, nbytes, lanes, what, read, write):
         """Written-byte map of fresh range r: report a read of a never-written byte, mark written ones."""
         off = (a - self.starts[r])[:, None] + np.arange(nbytes)
