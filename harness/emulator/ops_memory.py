@@ -45,7 +45,7 @@ _SIZES = {
 
 def mem_read(addrs: np.ndarray, nbytes: int) -> np.ndarray:
     """(k,) byte addresses -> (k, nbytes) uint8 copy of host memory."""
-    a = addrs.astype(np.int64)
+    a = np.asarray(addrs, np.int64)                     # read only: no copy needed
     if nbytes % 4 == 0 and not (a & 3).any():
         idx = ((a - MEM_BASE) >> 2)[:, None] + np.arange(nbytes // 4)
         return MEM32[idx].view(np.uint8).reshape(len(a), nbytes)
@@ -77,7 +77,10 @@ def _bytes_to_rows(w, row, data, active, nbytes, sext, d16):
     k = data.shape[0]
     if nbytes >= 4:
         vals = np.ascontiguousarray(data).view(U32).reshape(k, nbytes // 4).T
-        w.v[row: row + nbytes // 4, active] = vals
+        if active is _ALL:
+            w.v[row: row + nbytes // 4] = vals
+        else:
+            w.v[row: row + nbytes // 4, active] = vals
         return
     v = data[:, 0].astype(U32) if nbytes == 1 else np.ascontiguousarray(data).view(np.uint16)[:, 0].astype(U32)
     if sext:
@@ -312,7 +315,7 @@ class BufferAddress:
         self._last = {}          # nbytes -> offsets of each dword's end, for the raw-buffer range check
 
     def compute(self, w, nbytes):
-        """(addresses uint64 (64,), per-lane range offset int64 (64,) or a Python int when the same for
+        """(addresses int64 (64,), per-lane range offset int64 (64,) or a Python int when the same for
         every lane, index int64 (64,) or 0, num_records, stride)."""
         s = w.s
         d0, d1, d2 = s[self.rsrc], s[self.rsrc + 1], s[self.rsrc + 2]
@@ -326,9 +329,10 @@ class BufferAddress:
         else:
             idx = 0
             off = self.inst_offset + w.v[self.vrow].astype(np.int64) if self.offen else self.inst_offset
-        # int64 (exact: every term is far below 2**63), then to uint64
+        # int64 (exact: every term is far below 2**63; every consumer works in int64)
         addr = base + soff + stride * idx + off
-        addr = addr.astype(U64) if isinstance(addr, np.ndarray) else np.full(WAVE, addr, U64)
+        if not isinstance(addr, np.ndarray):
+            addr = np.full(WAVE, addr, np.int64)
         return addr, off + soff, idx, num_records, stride
 
     def in_range(self, w, nbytes):
@@ -423,7 +427,7 @@ def build_buffer(inst, ctx):
                     lanes = np.nonzero(act)[0]
                     for j in range(okl.shape[1]):
                         sel = okl[:, j]
-                        _check(w, a[sel] + U64(4 * j), min(4, nbytes), lanes[sel], inst.mnemonic, True, False)
+                        _check(w, a[sel] + 4 * j, min(4, nbytes), lanes[sel], inst.mnemonic, True, False)
                 safe = np.where(lane_ok, a, SAFE_ADDR)
                 data = mem_read(safe, nbytes)
                 if nbytes >= 4:
@@ -454,7 +458,7 @@ def build_buffer(inst, ctx):
                 else:
                     for j in range(okl.shape[1]):
                         sel = okl[:, j]
-                        _check(w, a[sel] + U64(4 * j), min(4, nbytes), lanes[sel], inst.mnemonic, False, True)
+                        _check(w, a[sel] + 4 * j, min(4, nbytes), lanes[sel], inst.mnemonic, False, True)
         if shift_hi:
             data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
         else:
@@ -465,8 +469,8 @@ def build_buffer(inst, ctx):
                 # partially in-range wide stores: write the in-range dwords one by one
                 for j in range(ndw):
                     sel = okl[:, j]
-                    mem_write(a[sel] + U64(4 * j), data[sel, 4 * j: 4 * j + 4])
-                    counters._stored_bytes.add(a[sel] + U64(4 * j), 4)
+                    mem_write(a[sel] + 4 * j, data[sel, 4 * j: 4 * j + 4])
+                    counters._stored_bytes.add(a[sel] + 4 * j, 4)
                 counters.global_store_bytes += int(okl.sum()) * 4
                 counters._stored.add(a[okl.any(axis=1)], nbytes)
                 return
