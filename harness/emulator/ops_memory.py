@@ -335,6 +335,27 @@ class BufferAddress:
             addr = np.full(WAVE, addr, np.int64)
         return addr, off + soff, idx, num_records, stride
 
+    def all_in_range(self, w, nbytes):
+        """The common case of compute + in_range in fewer steps: a raw buffer (stride 0, no idxen) with a
+        per-lane offset where every lane's every dword is in range -> compute's int64 addresses; None
+        otherwise (then use in_range). The in-range test is in_range's, taken at the largest offset."""
+        if self.idxen or not self.offen:
+            return None
+        s = w.s
+        d1 = s[self.rsrc + 1]
+        if (d1 >> 16) & 0x3FFF:
+            return None
+        soff = self.soff(w)
+        off = w.v[self.vrow].astype(np.int64)
+        if self.inst_offset:
+            off += self.inst_offset
+        ndw = max(1, nbytes // 4)
+        if int(off.max()) + soff + 4 * (ndw - 1) + min(4, nbytes) > s[self.rsrc + 2]:
+            return None
+        off += s[self.rsrc] | ((d1 & 0xFFFF) << 32)
+        off += soff
+        return off
+
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
         ndw = max(1, nbytes // 4)
@@ -409,6 +430,16 @@ def build_buffer(inst, ctx):
 
         def h(w):
             act = _active(w)
+            a = ba.all_in_range(w, nbytes) if act is _ALL else None
+            if a is not None:                # every lane active and in range (the usual case)
+                _check(w, a, nbytes, act, inst.mnemonic, True, False)
+                data = mem_read(a, nbytes)
+                counters.global_load(a, nbytes)
+
+                def apply():
+                    _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
+                _deliver(w, "vm", dmask, apply)
+                return
             addr, ok = ba.in_range(w, nbytes)
             a, okl = (addr, ok) if act is _ALL else (addr[act], ok[act])   # fresh arrays either way
             if not len(a):
