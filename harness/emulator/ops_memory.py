@@ -43,12 +43,14 @@ _SIZES = {
 
 # ---- host-memory gather/scatter ---------------------------------------------------------------------
 
+_DWORDS = [np.arange(n) for n in range(5)]      # dword offsets within a 0..16-byte access
+
 def mem_read(addrs: np.ndarray, nbytes: int) -> np.ndarray:
     """(k,) byte addresses -> (k, nbytes) uint8 copy of host memory."""
     a = np.asarray(addrs, np.int64)                     # read only: no copy needed
     if nbytes % 4 == 0 and not (a & 3).any():
-        idx = ((a - MEM_BASE) >> 2)[:, None] + np.arange(nbytes // 4)
-        return MEM32[idx].view(np.uint8).reshape(len(a), nbytes)
+        idx = ((a - MEM_BASE) >> 2)[:, None] + (_DWORDS[nbytes // 4] if nbytes <= 16 else np.arange(nbytes // 4))
+        return MEM32.take(idx).view(np.uint8).reshape(len(a), nbytes)
     idx = (a - MEM_BASE)[:, None] + np.arange(nbytes)
     return MEM8[idx]
 

@@ -446,6 +446,11 @@ class WaveSan:
 
     def check_hazards(self, i: int):
         hz = self.static.hz[i]
+        if hz is None:
+            # reads/writes no VGPR an MFMA hazard covers: only time passes (expired entries are dropped at
+            # the next instruction that is checked; they can never fire, elapsed only grows)
+            self.clock += self.static.wait_states[i]
+            return
         live = []
         for dmask, t0, passes, pc in self.hazards:
             elapsed = self.clock - t0
