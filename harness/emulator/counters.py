@@ -10,40 +10,34 @@ LDS_BANKS = 32          # 4-byte banks; UNSURE for gfx950 (CDNA3 has 32; a model
 _COMPACT_AT = 1 << 16   # pending runs before merging
 
 
-def _runs(addrs: np.ndarray, nbytes: int, shift: int) -> np.ndarray:
-    """Lane accesses [a, a + nbytes) in units of 2^shift bytes, merged into sorted disjoint [start, end) runs
-    (a wave's lanes mostly touch a few contiguous spans, so this keeps the pending list short)."""
-    a = np.sort(np.asarray(addrs).astype(np.int64))
-    first = a >> shift
-    end = ((a + nbytes - 1) >> shift) + 1          # monotone in a, like first
-    new = np.ones(len(a), bool)
-    new[1:] = first[1:] > end[:-1]
-    last = np.ones(len(a), bool)
-    last[:-1] = new[1:]
-    return np.stack([first[new], end[last]], axis=1)
-
-
 class _Intervals:
     """Intervals [start, end) (bytes, or dwords with shift=2) touched, merged into a sorted disjoint (k, 2)
-    int64 array."""
+    int64 array.
+
+    add() only records the lane addresses; they are turned into intervals and merged in batches (the
+    merged form is the canonical union, touching intervals joined, so batching does not change it)."""
 
     def __init__(self, shift: int = 0):
         self._shift = shift
-        self._pending: list[np.ndarray] = []
+        self._pending: list[tuple[np.ndarray, int]] = []
         self._n = 0
         self._merged = np.zeros((0, 2), np.int64)
 
     def add(self, addrs: np.ndarray, nbytes: int) -> None:
-        runs = _runs(addrs, nbytes, self._shift)
-        self._pending.append(runs)
-        self._n += len(runs)
+        a = np.asarray(addrs).astype(np.int64)          # a copy: callers may reuse their arrays
+        self._pending.append((a, nbytes))
+        self._n += len(a)
         if self._n > _COMPACT_AT:
             self._compact()
 
     def _compact(self):
         if not self._pending:
             return
-        iv = np.concatenate([self._merged] + self._pending)
+        a = np.concatenate([p[0] for p in self._pending])
+        nb = np.repeat(np.array([p[1] for p in self._pending], np.int64), [len(p[0]) for p in self._pending])
+        shift = self._shift
+        runs = np.stack([a >> shift, ((a + nb - 1) >> shift) + 1], axis=1)
+        iv = np.concatenate([self._merged, runs])
         self._pending, self._n = [], 0
         iv = iv[np.argsort(iv[:, 0], kind="stable")]
         ends = np.maximum.accumulate(iv[:, 1])
@@ -70,6 +64,26 @@ class _DistinctDwords(_Intervals):
 
     def bytes(self) -> int:
         return 4 * self.units()
+
+
+_bank_cache: dict = {}
+
+
+def _bank_conflicts(addrs: np.ndarray, nbytes: int) -> int:
+    """Extra LDS cycles of one wave access (lane addresses, in lane order) from bank conflicts (model)."""
+    n = len(addrs)
+    # Lanes served per pass: 32 for <=4 bytes, 16 for 8, 8 for 12/16 (each pass moves 128 bytes).
+    per_pass = max(1, 128 // max(4, nbytes))
+    ndw = max(1, (nbytes + 3) // 4)
+    dw = (np.asarray(addrs, np.int64) >> 2)[:, None] + np.arange(ndw)
+    passes = (np.arange(n) // per_pass)[:, None].repeat(ndw, axis=1)
+    keys = np.unique(passes.ravel() * (1 << 40) + dw.ravel())     # same dword in a pass: broadcast
+    p, d = keys >> 40, keys & ((1 << 40) - 1)
+    counts = np.bincount(p * LDS_BANKS + d % LDS_BANKS)
+    per_bank = np.zeros(((n + per_pass - 1) // per_pass) * LDS_BANKS, np.int64)
+    per_bank[: counts.size] = counts
+    worst = per_bank.reshape(-1, LDS_BANKS).max(axis=1)
+    return int(np.maximum(worst - 1, 0).sum())
 
 
 class Counters:
@@ -120,18 +134,17 @@ class Counters:
             self.lds_write_bytes += n * nbytes
         else:
             self.lds_read_bytes += n * nbytes
-        # Lanes served per pass: 32 for <=4 bytes, 16 for 8, 8 for 12/16 (each pass moves 128 bytes).
-        per_pass = max(1, 128 // max(4, nbytes))
-        ndw = max(1, (nbytes + 3) // 4)
-        dw = (np.asarray(addrs, np.int64) >> 2)[:, None] + np.arange(ndw)
-        passes = (np.arange(n) // per_pass)[:, None].repeat(ndw, axis=1)
-        keys = np.unique(passes.ravel() * (1 << 40) + dw.ravel())     # same dword in a pass: broadcast
-        p, d = keys >> 40, keys & ((1 << 40) - 1)
-        counts = np.bincount(p * LDS_BANKS + d % LDS_BANKS)
-        per_bank = np.zeros(((n + per_pass - 1) // per_pass) * LDS_BANKS, np.int64)
-        per_bank[: counts.size] = counts
-        worst = per_bank.reshape(-1, LDS_BANKS).max(axis=1)
-        self.lds_bank_conflicts += int(np.maximum(worst - 1, 0).sum())
+        # The count depends only on the addresses relative to a dword-aligned base (a common shift keeps
+        # equal dwords equal and rotates the banks), and a few lane patterns recur: cache by pattern.
+        a = np.asarray(addrs, np.int64)
+        key = (nbytes, (a - (int(a[0]) & ~3)).tobytes())
+        extra = _bank_cache.get(key)
+        if extra is None:
+            extra = _bank_conflicts(a, nbytes)
+            if len(_bank_cache) >= 1 << 14:
+                _bank_cache.clear()
+            _bank_cache[key] = extra
+        self.lds_bank_conflicts += extra
 
     def as_dict(self) -> dict:
         return {

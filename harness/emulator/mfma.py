@@ -314,3 +314,121 @@ def execute(mnemonic: str, a, b, c, mods: dict) -> np.ndarray:
             A, B = A * SA, B * SB
         D = A @ B + C.view(np.float32).astype(np.float64)
         return pack_cd(mnemonic, D.astype(np.float32).view(np.uint32))
+
+
+# --------------------------------------------------------------------------------------------- fast path
+#
+# The same arithmetic as execute(), for the forms the MoE / GEMM kernels run (f8f6f4 with FP8/BF8/FP4
+# operands, scaled or not), with the per-call layout work done once per instruction: the register bytes
+# are gathered straight into matrix order with a precomputed index and decoded with one table lookup
+# (np.take, faster than fancy indexing here). Every array that reaches a floating-point operation has the same values, shape and
+# memory layout (strides) as in execute(), so numpy runs the same loops and results are bitwise equal,
+# NaN payloads and signs included (test_mfma.py::test_fast_path_bitwise checks it).
+
+@lru_cache(maxsize=None)
+def _gather_plan(mnemonic: str, fmt: str, which: str):
+    """How to build the operand matrix (A (M, K) / B (K, N), C order) straight from the register bytes
+    (the operand's (nregs, 64) uint32 rows viewed as bytes, register-major): (nregs, byte_index, shift)
+    with element i = code (bytes[byte_index[i]] >> shift[i]) & field mask; None when fields are not whole
+    bytes / nibbles or the layout does not hold every matrix element exactly once."""
+    f = _form(mnemonic)
+    nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
+    if width not in (4, 8) or fmt not in numerics._LUT64:
+        return None
+    flat = (outer * f.K + k if which == "a" else k * f.N + outer).ravel()
+    size = f.M * f.K if which == "a" else f.K * f.N
+    if flat.size != size or np.unique(flat).size != size:
+        return None
+    lane = np.arange(64)[:, None]
+    bit = width * np.arange(k.shape[1])[None, :]         # element e at bits [width*e, +width) of the lane
+    src_byte = ((bit // 32) * 256 + 4 * lane + (bit % 32) // 8).ravel()   # register-major byte index
+    src_shift = np.broadcast_to(bit % 8, k.shape).ravel()
+    byte_index = np.empty(size, np.intp)
+    shift = np.empty(size, np.uint8)
+    byte_index[flat], shift[flat] = src_byte, src_shift
+    return nregs, byte_index, shift
+
+
+@lru_cache(maxsize=None)
+def _byte_decoder(mnemonic: str, fmt: str, which: str):
+    """(nregs, decode): decode(regs (nregs, 64) uint32, C-contiguous) -> the operand matrix of exact
+    float64 values (copies of numerics' decode-table entries, NaN bits too); None (see _gather_plan)."""
+    plan = _gather_plan(mnemonic, fmt, which)
+    if plan is None:
+        return None
+    nregs, byte_index, shift = plan
+    f = _form(mnemonic)
+    shape = (f.M, f.K) if which == "a" else (f.K, f.N)
+    lut = numerics._LUT64[fmt]
+    if numerics.WIDTH[fmt] == 8:
+        return nregs, lambda regs: lut.take(regs.view(np.uint8).reshape(-1).take(byte_index)).reshape(shape)
+    if (byte_index[0::2] == byte_index[1::2]).all() and not shift[0::2].any() and (shift[1::2] == 4).all():
+        # FP4 with both nibbles of each byte adjacent in the matrix (A): decode byte -> value pair
+        pair = np.ascontiguousarray(np.stack([lut[np.arange(256) & 0xF], lut[np.arange(256) >> 4]], axis=1))
+        first = byte_index[0::2].copy()
+        return nregs, lambda regs: pair.take(regs.view(np.uint8).reshape(-1).take(first), axis=0).reshape(shape)
+    return nregs, lambda regs: lut.take((regs.view(np.uint8).reshape(-1).take(byte_index) >> shift) & 0xF
+                                        ).reshape(shape)
+
+
+@lru_cache(maxsize=None)
+def _cd_gather(M: int):
+    """perm with D-matrix.ravel() = regs.ravel()[perm] (inverse of _cd_layout's scatter)."""
+    row, col = _cd_layout(M)
+    N = M                                             # the square forms only (16x16, 32x32)
+    flat = (row * N + col).ravel()
+    perm = np.empty(flat.size, np.intp)
+    perm[flat] = np.arange(flat.size)
+    return perm
+
+
+def fast_executor(mnemonic: str, mods: dict):
+    """A function (a, b, c, scale_a, scale_b) -> D equal bit for bit to execute() for this instruction's
+    static modifiers (scale_a / scale_b: the scale VGPRs, uint32 (64,), ignored when unscaled), or None
+    when the form has no fast path (then call execute())."""
+    f = _form(mnemonic)
+    if not f.f8f6f4 or f.out != "f32" or f.M != f.N:
+        return None
+    try:
+        _check_mods(f, mods)
+        fa, fb = operand_formats(mnemonic, mods)
+    except NotImplementedError:
+        return None                                   # execute() raises it when the instruction runs
+    pa, pb = _byte_decoder(mnemonic, fa, "a"), _byte_decoder(mnemonic, fb, "b")
+    if pa is None or pb is None:
+        return None
+    (na, dec_a), (nb, dec_b) = pa, pb
+    M, N, K = f.M, f.N, f.K
+    perm_c = _cd_gather(M)
+    row, col = _cd_layout(M)
+    nc = row.shape[0]
+    d_index = row * N + col                         # pack_cd's D[row, col] as one flat gather
+    scaled = f.scaled
+    if scaled:
+        ops = [int(x) for x in (mods.get("op_sel") or [])] + [0, 0]
+        hi = [int(x) for x in (mods.get("op_sel_hi") or [])] + [0, 0]
+        sh_a, sh_b = np.uint32(8 * (ops[0] + 2 * hi[0])), np.uint32(8 * (ops[1] + 2 * hi[1]))
+        e8m0 = numerics._LUT64["e8m0"]
+        nblk = 64 // M
+        kblk = np.arange(K) // 32
+
+    layout = _ab_layout
+
+    def run(a, b, c, scale_a=None, scale_b=None):
+        # None -> the caller runs execute(): operands too short (it raises), or a test has replaced the
+        # layout function since the plan was made (test_upstream_evidence swaps in wrong layouts)
+        if a.shape[0] < na or b.shape[0] < nb or _ab_layout is not layout:
+            return None
+        A = dec_a(np.ascontiguousarray(a[:na], np.uint32))
+        B = dec_b(np.ascontiguousarray(b[:nb], np.uint32))
+        C = np.asarray(c, np.uint32)[:nc].reshape(-1).take(perm_c).reshape(M, N)
+        if scaled:
+            # _scale_matrices' SA is F-ordered (M, K), its SB C-ordered (K, N): built here in those layouts
+            da = e8m0.take((np.asarray(scale_a, np.uint32) >> sh_a) & 0xFF)
+            db = e8m0.take((np.asarray(scale_b, np.uint32) >> sh_b) & 0xFF)
+            SA = da.reshape(nblk, M).take(kblk, axis=0).T
+            SB = db.reshape(nblk, N).take(kblk, axis=0)
+            A, B = A * SA, B * SB
+        D = A @ B + C.view(np.float32).astype(np.float64)
+        return D.astype(np.float32).view(np.uint32).reshape(-1).take(d_index)
+    return run

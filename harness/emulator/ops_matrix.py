@@ -63,7 +63,7 @@ def build_mfma(inst, ctx):
         sa, sb = raw_reader(ops[4], acc), raw_reader(ops[5], acc)
     counters = ctx.counters
 
-    def h(w):
+    def slow(w):
         m = dict(mods)
         if scaled:
             m["scale_a"] = np.broadcast_to(sa(w), (WAVE,))
@@ -71,7 +71,22 @@ def build_mfma(inst, ctx):
         d = mfma.execute(name, ra(w), rb(w), rc(w), m)
         w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
         counters.mfma[name] += 1
-    return h
+
+    fast = mfma.fast_executor(name, mods)   # same bits as mfma.execute, layouts precomputed
+    if fast is not None:
+        def h(w):
+            if scaled:
+                x, y = sa(w), sb(w)          # (64,) VGPR rows; an SGPR / constant scale is 0-d
+                d = fast(ra(w), rb(w), rc(w), x if x.ndim else np.full(WAVE, x, U32),
+                         y if y.ndim else np.full(WAVE, y, U32))
+            else:
+                d = fast(ra(w), rb(w), rc(w))
+            if d is None:                    # no fast path this time (see mfma.fast_executor)
+                return slow(w)
+            w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
+            counters.mfma[name] += 1
+        return h
+    return slow
 
 
 def build_cvt(inst, ctx):

@@ -43,12 +43,14 @@ _SIZES = {
 
 # ---- host-memory gather/scatter ---------------------------------------------------------------------
 
+_DWORDS = [np.arange(n) for n in range(5)]      # dword offsets within a 0..16-byte access
+
 def mem_read(addrs: np.ndarray, nbytes: int) -> np.ndarray:
     """(k,) byte addresses -> (k, nbytes) uint8 copy of host memory."""
-    a = addrs.astype(np.int64)
+    a = np.asarray(addrs, np.int64)                     # read only: no copy needed
     if nbytes % 4 == 0 and not (a & 3).any():
-        idx = ((a - MEM_BASE) >> 2)[:, None] + np.arange(nbytes // 4)
-        return MEM32[idx].view(np.uint8).reshape(len(a), nbytes)
+        idx = ((a - MEM_BASE) >> 2)[:, None] + (_DWORDS[nbytes // 4] if nbytes <= 16 else np.arange(nbytes // 4))
+        return MEM32.take(idx).view(np.uint8).reshape(len(a), nbytes)
     idx = (a - MEM_BASE)[:, None] + np.arange(nbytes)
     return MEM8[idx]
 
@@ -77,7 +79,10 @@ def _bytes_to_rows(w, row, data, active, nbytes, sext, d16):
     k = data.shape[0]
     if nbytes >= 4:
         vals = np.ascontiguousarray(data).view(U32).reshape(k, nbytes // 4).T
-        w.v[row: row + nbytes // 4, active] = vals
+        if active is _ALL:
+            w.v[row: row + nbytes // 4] = vals
+        else:
+            w.v[row: row + nbytes // 4, active] = vals
         return
     v = data[:, 0].astype(U32) if nbytes == 1 else np.ascontiguousarray(data).view(np.uint16)[:, 0].astype(U32)
     if sext:
@@ -114,8 +119,7 @@ def _check(w, a, nbytes, act, what, read, write):
     """Memory-map check of the addresses `a` (the active lanes `act`, or a lane-index array)."""
     s = w.san
     if s is not None and s.mem is not None and len(a):
-        lanes = np.nonzero(act)[0] if act.dtype == bool else act
-        s.mem.check(a, nbytes, lanes, what, read, write)
+        s.mem.check(a, nbytes, act, what, read, write)      # a bool `act` becomes lane numbers there
 
 
 def _lds_idx(addrs, nbytes):
@@ -310,35 +314,67 @@ class BufferAddress:
         self.vrow = row_of(vaddr, acc) if vaddr.is_vector else None
         self.rsrc = srsrc.index
         self.soff = scalar_reader(soffset)
+        self._last = {}          # nbytes -> offsets of each dword's end, for the raw-buffer range check
 
     def compute(self, w, nbytes):
-        """(addresses uint64 (64,), per-lane range offset int64 (64,), num_records, stride)."""
+        """(addresses int64 (64,), per-lane range offset int64 (64,) or a Python int when the same for
+        every lane, index int64 (64,) or 0, num_records, stride)."""
         s = w.s
         d0, d1, d2 = s[self.rsrc], s[self.rsrc + 1], s[self.rsrc + 2]
         base = d0 | ((d1 & 0xFFFF) << 32)
         stride = (d1 >> 16) & 0x3FFF
         num_records = d2
-        off = np.full(WAVE, self.inst_offset, np.int64)
-        idx = np.zeros(WAVE, np.int64)
+        soff = self.soff(w)
         if self.idxen:
             idx = w.v[self.vrow].astype(np.int64)
-            if self.offen:
-                off = off + w.v[self.vrow + 1].astype(np.int64)
-        elif self.offen:
-            off = off + w.v[self.vrow].astype(np.int64)
-        soff = self.soff(w)
-        addr = (base + soff + stride * idx + off).astype(U64)
+            off = self.inst_offset + w.v[self.vrow + 1].astype(np.int64) if self.offen else self.inst_offset
+        else:
+            idx = 0
+            off = self.inst_offset + w.v[self.vrow].astype(np.int64) if self.offen else self.inst_offset
+        # int64 (exact: every term is far below 2**63; every consumer works in int64)
+        addr = base + soff + stride * idx + off
+        if not isinstance(addr, np.ndarray):
+            addr = np.full(WAVE, addr, np.int64)
         return addr, off + soff, idx, num_records, stride
+
+    def all_in_range(self, w, nbytes):
+        """The common case of compute + in_range in fewer steps: a raw buffer (stride 0, no idxen) with a
+        per-lane offset where every lane's every dword is in range -> compute's int64 addresses; None
+        otherwise (then use in_range). The in-range test is in_range's, taken at the largest offset."""
+        if self.idxen or not self.offen:
+            return None
+        s = w.s
+        d1 = s[self.rsrc + 1]
+        if (d1 >> 16) & 0x3FFF:
+            return None
+        soff = self.soff(w)
+        off = w.v[self.vrow].astype(np.int64)
+        if self.inst_offset:
+            off += self.inst_offset
+        ndw = max(1, nbytes // 4)
+        if int(off.max()) + soff + 4 * (ndw - 1) + min(4, nbytes) > s[self.rsrc + 2]:
+            return None
+        off += s[self.rsrc] | ((d1 & 0xFFFF) << 32)
+        off += soff
+        return off
 
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
+        ndw = max(1, nbytes // 4)
         if stride == 0 and not self.idxen:
             # UNSURE (gfx9 raw buffers): a dword is in range when its last byte is below num_records.
-            ok_dw = [(off + 4 * j + min(4, nbytes)) <= num_records for j in range(max(1, nbytes // 4))]
-        else:
-            ok = (idx < num_records) & (off - self.soff(w) < max(stride, 1))
-            ok_dw = [ok] * max(1, nbytes // 4)
-        return addr, np.stack(ok_dw, axis=1)   # (64, ndw)
+            last = self._last.get(nbytes)
+            if last is None:
+                last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
+            if isinstance(off, np.ndarray):
+                return addr, (off[:, None] + last) <= num_records          # (64, ndw)
+            ok = np.empty((WAVE, ndw), bool)
+            ok[:] = (off + last) <= num_records
+            return addr, ok
+        ok = (np.asarray(idx) < num_records) & (np.asarray(off) - self.soff(w) < max(stride, 1))
+        out = np.empty((WAVE, ndw), bool)
+        out[:] = ok[:, None] if ok.ndim else ok
+        return addr, out
 
 
 def build_buffer(inst, ctx):
@@ -396,8 +432,18 @@ def build_buffer(inst, ctx):
 
         def h(w):
             act = _active(w)
+            a = ba.all_in_range(w, nbytes) if act is _ALL else None
+            if a is not None:                # every lane active and in range (the usual case)
+                _check(w, a, nbytes, act, inst.mnemonic, True, False)
+                data = mem_read(a, nbytes)
+                counters.global_load(a, nbytes)
+
+                def apply():
+                    _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
+                _deliver(w, "vm", dmask, apply)
+                return
             addr, ok = ba.in_range(w, nbytes)
-            a, okl = addr[act], ok[act]
+            a, okl = (addr, ok) if act is _ALL else (addr[act], ok[act])   # fresh arrays either way
             if not len(a):
                 _deliver(w, "vm", dmask, None)
                 return
@@ -406,11 +452,15 @@ def build_buffer(inst, ctx):
                 data = mem_read(a, nbytes)
             else:
                 lane_ok = okl.any(axis=1)
-                if w.san is not None and w.san.mem is not None:
+                # Lanes wholly in or wholly out of range (buffer bounds zero-filling padding rows) whose
+                # in-range bytes pass the memory check as a whole: the per-dword checks would pass too.
+                if w.san is not None and w.san.mem is not None and not (
+                        (okl == lane_ok[:, None]).all()
+                        and w.san.mem.clean_read(a[lane_ok], nbytes, 4 * (okl.shape[1] - 1))):
                     lanes = np.nonzero(act)[0]
                     for j in range(okl.shape[1]):
                         sel = okl[:, j]
-                        _check(w, a[sel] + U64(4 * j), min(4, nbytes), lanes[sel], inst.mnemonic, True, False)
+                        _check(w, a[sel] + 4 * j, min(4, nbytes), lanes[sel], inst.mnemonic, True, False)
                 safe = np.where(lane_ok, a, SAFE_ADDR)
                 data = mem_read(safe, nbytes)
                 if nbytes >= 4:
@@ -431,7 +481,7 @@ def build_buffer(inst, ctx):
     def h(w):
         act = _active(w)
         addr, ok = ba.in_range(w, nbytes)
-        a, okl = addr[act], ok[act]
+        a, okl = (addr, ok) if act is _ALL else (addr[act], ok[act])   # fresh arrays either way
         if w.san is not None:
             _deliver(w, "vm", 0, None)
             if w.san.mem is not None:
@@ -441,7 +491,7 @@ def build_buffer(inst, ctx):
                 else:
                     for j in range(okl.shape[1]):
                         sel = okl[:, j]
-                        _check(w, a[sel] + U64(4 * j), min(4, nbytes), lanes[sel], inst.mnemonic, False, True)
+                        _check(w, a[sel] + 4 * j, min(4, nbytes), lanes[sel], inst.mnemonic, False, True)
         if shift_hi:
             data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
         else:
@@ -452,8 +502,8 @@ def build_buffer(inst, ctx):
                 # partially in-range wide stores: write the in-range dwords one by one
                 for j in range(ndw):
                     sel = okl[:, j]
-                    mem_write(a[sel] + U64(4 * j), data[sel, 4 * j: 4 * j + 4])
-                    counters._stored_bytes.add(a[sel] + U64(4 * j), 4)
+                    mem_write(a[sel] + 4 * j, data[sel, 4 * j: 4 * j + 4])
+                    counters._stored_bytes.add(a[sel] + 4 * j, 4)
                 counters.global_store_bytes += int(okl.sum()) * 4
                 counters._stored.add(a[okl.any(axis=1)], nbytes)
                 return

@@ -41,6 +41,7 @@ Memory checking: see MemoryMap.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import deque
 
 import numpy as np
@@ -189,6 +190,13 @@ def waitcnt_fields(inst) -> tuple[int, int]:
 
 # ---- memory map: reachable tensors and poison ---------------------------------------------------------
 
+def _lane_numbers(lanes) -> np.ndarray:
+    """Lane numbers from a bool lane mask or an array of lane numbers (masks are converted only when
+    needed: for a report or a multi-range access)."""
+    lanes = np.asarray(lanes)
+    return np.nonzero(lanes)[0] if lanes.dtype == bool else lanes
+
+
 class MemoryMap:
     """Byte ranges a launch may touch, and which bytes of fresh tensors have been written.
 
@@ -202,6 +210,8 @@ class MemoryMap:
         self.starts = np.array([r[0] for r in ranges], np.int64)
         self.ends = np.array([r[1] for r in ranges], np.int64)
         self.shadows = [r[3] for r in ranges]          # None or uint8 array over [start, end)
+        self._start_list = [int(r[0]) for r in ranges]   # for bisect in check's one-range fast path
+        self._end_list = [int(r[1]) for r in ranges]
 
     def _locate(self, a: np.ndarray, nbytes: int):
         idx = np.searchsorted(self.starts, a, side="right") - 1
@@ -211,10 +221,22 @@ class MemoryMap:
         return ok, idxc
 
     def check(self, a, nbytes: int, lanes, what: str, read: bool, write: bool):
-        """Raise for any address outside every range or any poisoned byte read; mark written bytes."""
+        """Raise for any address outside every range or any poisoned byte read; mark written bytes.
+        `lanes`: the lane of each address, or the bool mask of those lanes."""
         if not len(a):
             return
         a = np.asarray(a, np.int64)
+        # Fast path, the usual case: the lowest and the highest address locate the same range and the
+        # highest access ends inside it. Locating is monotone in the address, so every lane then locates
+        # that range and is inside it: exactly what _locate would find, without the per-lane search.
+        lo, hi = int(a.min()), int(a.max())
+        r = bisect_right(self._start_list, lo) - 1
+        if r >= 0 and hi + nbytes <= self._end_list[r] and bisect_right(self._start_list, hi) - 1 == r:
+            sh = self.shadows[r]
+            if sh is not None:
+                self._shadow(sh, r, a, nbytes, lanes, what, read, write)
+            return
+        lanes = _lane_numbers(lanes)
         ok, idx = self._locate(a, nbytes)
         if not ok.all():
             j = int(np.argmin(ok))
@@ -226,17 +248,35 @@ class MemoryMap:
             if sh is None:
                 continue
             sel = idx == r
-            off = (a[sel] - self.starts[r])[:, None] + np.arange(nbytes)
-            if read:
-                bad = sh[off] == 0
-                if bad.any():
-                    j, b = np.argwhere(bad)[0]
-                    lane = int(np.asarray(lanes)[sel][j])
-                    raise SanitizerError(
-                        "uninitialized", f"{what} reads never-written byte {int(a[sel][j]) + int(b):#x} "
-                        f"(offset {int(off[j, b])} of fresh tensor {self.names[r]}) in lane {lane}")
-            if write:
-                sh[off] = 1
+            self._shadow(sh, r, a[sel], nbytes, np.asarray(lanes)[sel], what, read, write)
+
+    def clean_read(self, a, nbytes: int, last: int) -> bool:
+        """True when reading [a, a + nbytes) in pieces starting at a .. a + last (check() per piece)
+        would report nothing: every piece locates one range, fits in it and reads only written bytes.
+        No side effects; callers fall back to the piecewise checks (and their reports) when False."""
+        a = np.asarray(a, np.int64)
+        if not len(a):
+            return True
+        lo, hi = int(a.min()), int(a.max())
+        r = bisect_right(self._start_list, lo) - 1
+        if r < 0 or hi + nbytes > self._end_list[r] or bisect_right(self._start_list, hi + last) - 1 != r:
+            return False
+        sh = self.shadows[r]
+        return sh is None or bool(sh[(a - self.starts[r])[:, None] + np.arange(nbytes)].all())
+
+    def _shadow(self, sh, r, a, nbytes, lanes, what, read, write):
+        """Written-byte map of fresh range r: report a read of a never-written byte, mark written ones."""
+        off = (a - self.starts[r])[:, None] + np.arange(nbytes)
+        if read:
+            bad = sh[off] == 0
+            if bad.any():
+                j, b = np.argwhere(bad)[0]
+                lane = int(_lane_numbers(lanes)[j])
+                raise SanitizerError(
+                    "uninitialized", f"{what} reads never-written byte {int(a[j]) + int(b):#x} "
+                    f"(offset {int(off[j, b])} of fresh tensor {self.names[r]}) in lane {lane}")
+        if write:
+            sh[off] = 1
 
     def _near(self, addr: int) -> str:
         if not len(self.starts):
@@ -399,10 +439,18 @@ class WaveSan:
         inst = self.insts[self.base + 4 * i]
         if not self.hazards:
             self.clock = 0
-        self.hazards.append((self.static.dst_of_mfma[i], self.clock, mfma_passes(inst), self.base + 4 * i))
+        passes = self.static.passes_of_mfma[i]
+        if passes is None:                      # computed once per instruction (a regex on the mnemonic)
+            passes = self.static.passes_of_mfma[i] = mfma_passes(inst)
+        self.hazards.append((self.static.dst_of_mfma[i], self.clock, passes, self.base + 4 * i))
 
     def check_hazards(self, i: int):
         hz = self.static.hz[i]
+        if hz is None:
+            # reads/writes no VGPR an MFMA hazard covers: only time passes (expired entries are dropped at
+            # the next instruction that is checked; they can never fire, elapsed only grows)
+            self.clock += self.static.wait_states[i]
+            return
         live = []
         for dmask, t0, passes, pc in self.hazards:
             elapsed = self.clock - t0
@@ -440,6 +488,7 @@ class Instrumented:
     def __init__(self, program, acc: int):
         self.static = StaticInfo(program, acc)
         self.static.dst_of_mfma = [0] * len(program.table)
+        self.static.passes_of_mfma = [None] * len(program.table)
         table = list(program.table)
         for inst in program.insts.values():
             i = (inst.pc - program.base) >> 2

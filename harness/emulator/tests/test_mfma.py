@@ -275,3 +275,41 @@ def test_unmodelled_modifiers_raise(mods):
 def test_unknown_mfma_raises():
     with pytest.raises(NotImplementedError):
         mfma.operand_regs("v_mfma_f64_16x16x4_f64", {})
+
+
+# ------------------------------------------------------------------------------------- fast path
+
+@pytest.mark.parametrize("mnemonic", ["v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4",
+                                      "v_mfma_f32_16x16x128_f8f6f4", "v_mfma_f32_32x32x64_f8f6f4"])
+@pytest.mark.parametrize("cbsz,blgp", [(0, 0), (1, 0), (0, 4), (4, 0), (4, 4), (1, 1), (4, 1)])
+def test_fast_path_bitwise(mnemonic, cbsz, blgp):
+    """mfma.fast_executor gives execute()'s bits exactly: random register bits (NaN / inf codes and
+    NaN-ish accumulators included), random E8M0 scales with NaN (255) and extreme exponents, every op_sel."""
+    rng = np.random.default_rng(cbsz * 10 + blgp)
+    for op_sel in ([0, 0], [1, 0], [0, 1], [1, 1]):
+        for op_sel_hi in ([0, 0], [1, 1]):
+            scaled = "scale" in mnemonic
+            if not scaled and (any(op_sel) or any(op_sel_hi)):
+                continue
+            mods = {"cbsz": cbsz, "blgp": blgp}
+            if scaled:
+                mods.update(op_sel=op_sel, op_sel_hi=op_sel_hi)
+            run = mfma.fast_executor(mnemonic, mods)
+            assert run is not None
+            na, nb, nc = mfma.operand_regs(mnemonic, mods)
+            for trial in range(6):
+                a = rng.integers(0, 1 << 32, (na, 64), dtype=np.uint64).astype(np.uint32)
+                b = rng.integers(0, 1 << 32, (nb, 64), dtype=np.uint64).astype(np.uint32)
+                c = rng.normal(size=(nc, 64)).astype(np.float32).view(np.uint32)
+                if trial == 1:
+                    c = rng.integers(0, 1 << 32, (nc, 64), dtype=np.uint64).astype(np.uint32)
+                sa = rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32)
+                sb = rng.integers(0, 1 << 32, 64, dtype=np.uint64).astype(np.uint32)
+                if trial == 2:    # moderate scales: finite, mostly non-NaN results
+                    sa = (rng.integers(120, 134, 64) * 0x01010101).astype(np.uint32)
+                    sb = (rng.integers(120, 134, 64) * 0x01010101).astype(np.uint32)
+                m = dict(mods, scale_a=sa, scale_b=sb) if scaled else dict(mods)
+                with np.errstate(all="ignore"):
+                    want = mfma.execute(mnemonic, a, b, c, m)
+                    got = run(a, b, c, sa, sb)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (op_sel, op_sel_hi, trial)

@@ -1,0 +1,146 @@
+"""The emulator's fast paths give exactly what the straightforward code they replace gives.
+
+- MemoryMap.check's one-range shortcut and clean_read against the per-lane search (reports included);
+- LDS bank conflicts cached by lane pattern against a fresh computation;
+- distinct-address intervals merged in batches against merging every access at once.
+(The MFMA fast path is checked bit for bit in test_mfma.py::test_fast_path_bitwise.)
+"""
+
+import numpy as np
+import pytest
+
+from harness.emulator import counters as C
+from harness.emulator.sanitizer import MemoryMap, SanitizerError
+
+
+def _reference_check(mm, a, nbytes, lanes, read, write):
+    """MemoryMap.check as it was before the shortcut: search every lane's range."""
+    a = np.asarray(a, np.int64)
+    lanes = np.asarray(lanes)
+    idx = np.searchsorted(mm.starts, a, side="right") - 1
+    ok = (idx >= 0) & ((a + nbytes) <= mm.ends[np.maximum(idx, 0)])
+    if not ok.all():
+        return ("out-of-bounds", int(a[int(np.argmin(ok))]))
+    idx = np.maximum(idx, 0)
+    for r in np.unique(idx).tolist():
+        sh = mm.shadows[r]
+        if sh is None:
+            continue
+        sel = idx == r
+        off = (a[sel] - mm.starts[r])[:, None] + np.arange(nbytes)
+        if read:
+            bad = sh[off] == 0
+            if bad.any():
+                j, b = np.argwhere(bad)[0]
+                return ("uninitialized", int(a[sel][j]) + int(b), int(lanes[sel][j]))
+        if write:
+            sh[off] = 1
+    return None
+
+
+def _outcome(mm, a, nbytes, lanes, read, write):
+    try:
+        mm.check(a, nbytes, lanes, "x", read, write)
+    except SanitizerError as e:
+        return e.kind, str(e)
+    return None
+
+
+def _maps(rng):
+    """Two identical memory maps: adjacent, overlapping-free ranges, some fresh with part written."""
+    ranges, x = [], 4096
+    for i in range(5):
+        x += int(rng.integers(0, 3)) * 64
+        n = int(rng.integers(64, 512))
+        ranges.append((x, n, i % 2 == 0))
+        x += n
+
+    def build():
+        out = []
+        for start, n, fresh in ranges:
+            sh = None
+            if fresh:
+                sh = np.zeros(n, np.uint8)
+                sh[: n // 2] = 1
+                sh[np.random.default_rng(start).integers(0, n, 8)] = 0
+            out.append((start, start + n, f"t{start}", sh))
+        return MemoryMap(out)
+    return build(), build(), ranges
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_memory_check_fast_path_matches_per_lane_search(seed):
+    rng = np.random.default_rng(seed)
+    mm, ref, ranges = _maps(rng)
+    for _ in range(60):
+        start, n, _ = ranges[int(rng.integers(len(ranges)))]
+        nbytes = int(rng.choice([1, 2, 4, 8, 16]))
+        k = int(rng.integers(1, 65))
+        spread = int(rng.choice([16, n, 3 * n]))
+        a = start + rng.integers(-8, spread, k)
+        lanes = np.sort(rng.choice(64, k, replace=False))
+        read, write = bool(rng.integers(2)), bool(rng.integers(2))
+        want = _reference_check(ref, a, nbytes, lanes, read, write)
+        mask = np.zeros(64, bool)
+        mask[lanes] = True
+        got = _outcome(mm, a, nbytes, mask if rng.integers(2) else lanes, read, write)
+        if want is None:
+            assert got is None
+        else:
+            assert got is not None and got[0] == want[0]
+            assert f"{want[1]:#x}" in got[1]
+            if want[0] == "uninitialized":
+                assert got[1].endswith(f"in lane {want[2]}")
+            mm, ref, ranges = _maps(rng)      # a report ends a launch: start over
+            continue
+        for x, y in zip(mm.shadows, ref.shadows):
+            assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_clean_read_is_true_only_when_every_piece_passes(seed):
+    rng = np.random.default_rng(100 + seed)
+    mm, ref, ranges = _maps(rng)
+    for _ in range(100):
+        start, n, _ = ranges[int(rng.integers(len(ranges)))]
+        nbytes = int(rng.choice([4, 8, 12, 16]))
+        a = start + 4 * rng.integers(-2, n // 4 + 2, int(rng.integers(1, 65)))
+        pieces_ok = all(_reference_check(ref, a + 4 * j, 4, np.arange(len(a)), True, False) is None
+                        for j in range(nbytes // 4))
+        if mm.clean_read(a, nbytes, 4 * (nbytes // 4 - 1)):
+            assert pieces_ok
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bank_conflict_cache_matches_fresh_count(seed):
+    rng = np.random.default_rng(200 + seed)
+    C._bank_cache.clear()
+    patterns = [rng.integers(0, 4096, 64) for _ in range(4)] + [np.arange(64) * 4, np.arange(64) * 8,
+                                                                 np.arange(64) * 128, np.zeros(64, np.int64)]
+    for _ in range(200):
+        p = patterns[int(rng.integers(len(patterns)))]
+        nbytes = int(rng.choice([1, 2, 4, 8, 12, 16]))
+        k = int(rng.integers(1, 65))
+        a = (p[:k] + int(rng.integers(0, 1 << 16))).astype(np.int64)
+        c = C.Counters()
+        c.lds_access(a, nbytes, write=False)
+        assert c.lds_bank_conflicts == C._bank_conflicts(a, nbytes)
+
+
+def test_intervals_batched_merge_is_the_union():
+    rng = np.random.default_rng(7)
+    iv = C._Intervals()
+    d = C._DistinctDwords()
+    covered = np.zeros(1 << 14, bool)
+    for _ in range(3000):
+        nbytes = int(rng.choice([1, 2, 4, 8, 16]))
+        a = rng.integers(0, (1 << 14) - 16, int(rng.integers(1, 65)))
+        iv.add(a.astype(np.uint64), nbytes)
+        d.add(a, nbytes)
+        for x in a:
+            covered[x: x + nbytes] = True
+    edges = np.diff(np.concatenate([[0], covered.astype(np.int8), [0]]))
+    want = np.stack([np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]], axis=1)
+    assert np.array_equal(iv.array(), want)
+    dw = covered.reshape(-1, 4).any(axis=1)
+    assert d.bytes() == 4 * int(dw.sum())
