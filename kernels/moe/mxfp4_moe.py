@@ -17,6 +17,9 @@
             rows only), K = IP, + bias, times the pair's routing weight -> y bf16 [M*k, h] at row
             pair = token*k + slot (each element has one writer; padding rows load and store nothing).
 5. combine  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
+            Why a y round trip (2 M k h bytes): a token's k pairs sit in k different expert tiles, and
+            without atomics their sum needs either these rows or one owner per output column walking every
+            tile in turn (a serial chain of weight loads per workgroup: latency-bound on an MI355X).
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 
