@@ -209,8 +209,9 @@ def main(argv=None) -> None:
         for row in rows:
             print("  " + _fmt(row))
             for launch in row.get("launches", []) if args.launches else []:
-                print(f"      {launch['kernel']:48s} grid {launch['grid']}  loads {launch['load_distinct']}"
-                      f"  stores {launch['store_distinct']}  mfma {launch['mfma']}")
+                dist = ("sampled" if launch["sampled"] else
+                        f"loads {launch['load_distinct']}  stores {launch['store_distinct']}")
+                print(f"      {launch['kernel']:48s} grid {launch['grid']}  {dist}  mfma {launch['mfma']}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ def checkpoint():
 @pytest.mark.parametrize("tp,rank", [(1, 0)] + [(8, r) for r in range(8)])
 @pytest.mark.parametrize("activation", ["gptoss", "swiglu"])
 def test_sharding_is_exact(checkpoint, tp, rank, activation):
-    p = P.prepare_weights(**checkpoint, activation=activation, tp_size=tp, tp_rank=rank)
+    biases = activation == "gptoss"  # the swiglu MoE has none
+    given = {k: (v if biases or not k.endswith("bias") else None) for k, v in checkpoint.items()}
+    p = P.prepare_weights(**given, activation=activation, tp_size=tp, tp_rank=rank)
+    assert {k: v.dtype for k, v in p.items()} == P.WEIGHT_DTYPES
     start, end, lo, hi = P.shard_span(I, tp, rank)
     ip = P.padded_intermediate(I, tp)
     assert ip == (2944 if tp == 1 else 384)
@@ -54,11 +57,17 @@ def test_sharding_is_exact(checkpoint, tp, rank, activation):
     nblk = min(hi, I) // 32 - lo // 32
     assert torch.equal(s2[:, :, :nblk], checkpoint["w2_scales"][:, :, lo // 32: lo // 32 + nblk])
     bias13 = p["w13_bias"].reshape(E, ip // 32, 2, 32)[:, :, 0].reshape(E, ip)
-    assert torch.equal(bias13[:, live], checkpoint["w13_bias"][:, gr].float())
-    assert torch.equal(p["w2_bias"], checkpoint["w2_bias"].float() if rank == 0 else torch.zeros(E, H))
+    assert torch.equal(bias13[:, live], checkpoint["w13_bias"][:, gr].float() if biases else torch.zeros(E, live.sum()))
+    added = biases and rank == 0
+    assert torch.equal(p["w2_bias"], checkpoint["w2_bias"].float() if added else torch.zeros(E, H))
     # The kernels skip loads of dead columns and of a w2 bias not added, by `shard`: it must name exactly
     # the live prepared columns (the weights are zero everywhere else) and the rank that adds the bias.
-    assert p["shard"].tolist() == [int(live.nonzero().min()), int(live.nonzero().max()) + 1, int(rank == 0), 0]
+    assert p["shard"].tolist() == [int(live.nonzero().min()), int(live.nonzero().max()) + 1, int(added), 0]
+
+
+def test_swiglu_biases_are_refused(checkpoint):
+    with pytest.raises(ValueError, match="w13_bias / w2_bias"):
+        P.prepare_weights(**checkpoint, activation="swiglu")
 
 
 def test_shard_spans_fit_384():

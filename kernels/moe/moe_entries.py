@@ -18,9 +18,10 @@ WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
 
 def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, activation: str, pipeline,
           tp_size: int = 1):
-    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, launch_args, weight_shapes)."""
+    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, launch_args, weight_shapes,
+    weight_dtypes)."""
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in pipeline.variants.items()})
-    # One mode: M is a runtime argument of every variant; the split-K variant serves the smallest M.
+    # One mode: M is a runtime argument of every variant; the small_m variant serves the smallest M.
     modes = {"all": sorted(pipeline.variants)}
     shapes = pipeline.weight_shapes()
 
@@ -35,8 +36,10 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
                      shard=shard)
         for name in WEIGHTS:  # a checkpoint-layout tensor has another shape: "not prepared" names it
+            hint = ("pass every output of prepare_weights() (made once at load time)" if name == "shard" else
+                    "a checkpoint-layout weight? pass it through prepare_weights() once at load time")
             host.check_tensor(name, given[name], dtype=pipeline.weight_dtypes[name], shape=shapes[name], like=x,
-                              hint="a checkpoint-layout weight? pass it through prepare_weights() once at load time")
+                              hint=hint)
         out = torch.empty_like(x)
         if m:
             key = pipeline.variant_for(m)

@@ -24,7 +24,7 @@ Tiles past the sorted count exit at once (max_tiles is a host bound; the real co
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 
 Bytes that carry nothing are not read: `shard` (from prepare_weights) gives the live intermediate columns
-[lo, hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead columns, dead
+[live_lo, live_hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead columns, dead
 32-column K-blocks of w2, the K tail past h in the last gate-up K-step and zero biases load out of range
 (0, no memory traffic). The swiglu activation has no biases at all.
 """
@@ -42,6 +42,7 @@ from flydsl.expr import gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from amd_kernels.common import bf16, buffer, mfma, mxfp8, wave
+from amd_kernels.moe import prepare
 
 KSTEP = 128
 ROWS = 16  # sorted rows per tile
@@ -71,11 +72,6 @@ def _dword(rsrc, off):
 def _sub_resource(t, elem_offset, nbytes):
     ptr = fx.add_offset(fx.get_iter(t), fx.Int64(elem_offset))
     return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(ptr, num_records_bytes=fx.Int64(nbytes)))
-
-
-# Dtype of each prepared weight tensor (the entry checks them; prepare.py makes them).
-WEIGHT_DTYPES = {"w13": torch.uint8, "w13_scale": torch.uint8, "w13_bias": torch.float32, "w2": torch.uint8,
-                 "w2_scale": torch.uint8, "w2_bias": torch.float32, "shard": torch.int32}
 
 
 def _bf16_bits(v):
@@ -151,6 +147,12 @@ def _tile_rows(sorted_pairs, tile_expert, tile, m, top_k, experts):
     sp_rsrc = buffer.tensor_resource(sorted_pairs, rows_b * 4)
     e = wave.uniform_i32(_dword(buffer.tensor_resource(tile_expert, rows_b // ROWS * 4), tile * 4))
     return rows_b, sp_rsrc, e
+
+
+def _live_span(shard):
+    """(shard descriptor, live_lo, live_hi): the live prepared intermediate columns (prepare.py)."""
+    sh_rsrc = buffer.tensor_resource(shard, 16)
+    return sh_rsrc, _dword(sh_rsrc, 0), _dword(sh_rsrc, 4)
 
 
 def _num_tiles(meta):
@@ -301,6 +303,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         while -(-ks1 // ksw) > max_waves:
             ksw += 4
         waves = -(-ks1 // ksw)
+        # The last wave's scale dwords (A and B) must stay inside the row's KG1 dwords.
+        assert (waves - 1) * ksw // 4 + ksw // 4 <= kg1, (ks1, ksw)
 
         @fx.struct
         class S1Lds:
@@ -318,10 +322,10 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
             nblk = fx.block_idx.y
             if tile < _num_tiles(meta):
                 rows_b, sp_rsrc, e = _tile_rows(sorted_pairs, tile_expert, tile, m, top_k, experts)
-                sh_rsrc = buffer.tensor_resource(shard, 16)
-                lo, hi = _dword(sh_rsrc, 0), _dword(sh_rsrc, 4)
+                sh_rsrc, live_lo, live_hi = _live_span(shard)
                 # Lane r's weight row in groups g = 0, 2 (gate, up) is column 32 nblk + r; in g = 1, 3, + 16.
-                col_live = [(nblk * 32 + 16 * h + r >= lo) & (nblk * 32 + 16 * h + r < hi) for h in (0, 1)]
+                col_live = [(nblk * 32 + 16 * h + r >= live_lo) & (nblk * 32 + 16 * h + r < live_hi)
+                            for h in (0, 1)]
                 pair = _dword(sp_rsrc, (tile * ROWS + r) * 4)
                 token = pair // top_k
                 a_rsrc = buffer.tensor_resource(xq, fx.Int64(m) * hp)
@@ -387,8 +391,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         nblk = fx.block_idx.y
         if tile < _num_tiles(meta):
             rows_b, sp_rsrc, e = _tile_rows(sorted_pairs, tile_expert, tile, m, top_k, experts)
-            sh_rsrc = buffer.tensor_resource(shard, 16)
-            lo, hi = _dword(sh_rsrc, 0), _dword(sh_rsrc, 4)
+            sh_rsrc, live_lo, live_hi = _live_span(shard)
             a_rsrc = buffer.tensor_resource(inter_q, rows_b * ip)
             as_rsrc = buffer.tensor_resource(inter_s, rows_b * (kg2 * 16))
             real_a = _dword(sp_rsrc, (tile * ROWS + r) * 4) >= 0
@@ -408,7 +411,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                     # Lane q's B vector is the 32-column K-block 4 ks + q (16 lanes = 256 contiguous
                     # bytes): not loaded when no column of it is live (its codes are zero).
                     k0 = ks * KSTEP + q * 32
-                    k_live = (k0 + 32 > lo) & (k0 < hi)
+                    k_live = (k0 + 32 > live_lo) & (k0 < live_hi)
                     for g in range_constexpr(4):
                         bv = buffer.load_x4(b_rsrc, k_live.select((g * ks2 + ks) * 1024 + lane * 16,
                                                                   buffer.never_in_range()))
@@ -477,9 +480,6 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     if small_m_waves:
         launchers["moe.small_m"] = make_launcher(True)
 
-    layout = dict(hp=hp, ks1=ks1, ks2=ks2, kg1=kg1, kg2=kg2, ng1=ng1, ng2=ng2, nb1=nb1, nb2=nb2, w1=w1,
-                  w1_small=w1_small if small_m_waves else None)
-
     def variant_for(m: int) -> str:
         """The many-wave gate-up while the plain one would launch fewer than 256 workgroups."""
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * nb1 < 256 else "moe.full"
@@ -511,9 +511,10 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
 
     def example_args_of(key):
         def example_args(m: int = 1):
-            w = {k: torch.zeros(s, dtype=WEIGHT_DTYPES[k]) for k, s in weight_shapes().items()}
-            return launch_args(key, torch.zeros(m, hidden, dtype=torch.bfloat16), torch.zeros(m, top_k),
-                               torch.zeros(m, top_k, dtype=torch.int32), w, torch.zeros(m, hidden, dtype=torch.bfloat16))
+            w = {k: torch.zeros(s, dtype=prepare.WEIGHT_DTYPES[k]) for k, s in weight_shapes().items()}
+            x = torch.zeros(m, hidden, dtype=torch.bfloat16)
+            return launch_args(key, x, torch.zeros(m, top_k), torch.zeros(m, top_k, dtype=torch.int32), w,
+                               torch.zeros_like(x))
         return example_args
 
     # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
@@ -536,4 +537,4 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            variant_for=variant_for, launch_args=launch_args, weight_shapes=weight_shapes,
-                           weight_dtypes=WEIGHT_DTYPES, layout=layout, emulator_workgroups=emulator_workgroups)
+                           weight_dtypes=prepare.WEIGHT_DTYPES, emulator_workgroups=emulator_workgroups)

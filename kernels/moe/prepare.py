@@ -35,6 +35,9 @@ import torch
 
 BLOCK = 32
 KSTEP = 128
+# Dtype of each prepared tensor (the MoE entries check them).
+WEIGHT_DTYPES = {"w13": torch.uint8, "w13_scale": torch.uint8, "w13_bias": torch.float32, "w2": torch.uint8,
+                 "w2_scale": torch.uint8, "w2_bias": torch.float32, "shard": torch.int32}
 
 
 def round_up(x: int, m: int) -> int:
@@ -88,6 +91,8 @@ def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_b
     Works through the experts in chunks so the temporaries stay a few chunks' size, not the layer's."""
     if activation not in ("gptoss", "swiglu"):
         raise ValueError(f"activation: expected 'gptoss' or 'swiglu', got {activation!r}")
+    if activation == "swiglu" and (w13_bias is not None or w2_bias is not None):
+        raise ValueError("w13_bias / w2_bias: the swiglu MoE has no biases (its kernels never read them); pass None")
     e = w13_blocks.shape[0]
     out = None
     for e0 in range(0, e, experts_per_chunk):

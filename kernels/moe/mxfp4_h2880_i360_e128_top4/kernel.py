@@ -2,7 +2,7 @@
 32-column scale blocks, prepared padded to 384), 128 experts, top-4, the gpt-oss activation.
 Design: amd_kernels/moe/mxfp4_moe.py; sharding: amd_kernels/moe/prepare.py.
 
-Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 4, where
+Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
 gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1)."""
 
 from amd_kernels.moe import mxfp4_moe, prepare
