@@ -43,7 +43,9 @@ def test_sharding_is_exact(checkpoint, tp, rank, activation):
     w13 = R.mxfp4_dequantize(checkpoint["w13_blocks"], checkpoint["w13_scales"])
     w2 = R.mxfp4_dequantize(checkpoint["w2_blocks"], checkpoint["w2_scales"])
     c13, s13 = P.unshuffle_b(p["w13"], p["w13_scale"], H)
-    c2, s2 = P.unshuffle_b(p["w2"], p["w2_scale"], ip)
+    planes = P.w2_planes(I, tp)
+    assert planes == (tp == 8)  # only TP8's rank columns straddle scale blocks
+    c2, s2 = P.unshuffle_w2(p["w2"], p["w2_scale"], ip, planes)
     d13 = R.mxfp4_dequantize(c13, s13).reshape(E, ip // 32, 2, 32, H)
     gate, up = d13[:, :, 0].reshape(E, ip, H), d13[:, :, 1].reshape(E, ip, H)
     cols = torch.arange(lo, lo + ip)
@@ -63,6 +65,21 @@ def test_sharding_is_exact(checkpoint, tp, rank, activation):
     # The kernels skip loads of dead columns and of a w2 bias not added, by `shard`: it must name exactly
     # the live prepared columns (the weights are zero everywhere else) and the rank that adds the bias.
     assert p["shard"].tolist() == [int(live.nonzero().min()), int(live.nonzero().max()) + 1, int(added), 0]
+
+
+@pytest.mark.parametrize("rank", range(8))
+def test_tp8_w2_skipped_dwords_are_zero(checkpoint, rank):
+    """The down kernel loads a w2 dword plane (8 codes of 16 rows) only if one of its codes is live; every
+    plane it skips must hold zero codes, and every code it loads must be in a live plane."""
+    p = P.prepare_weights(**checkpoint, activation="gptoss", tp_size=8, tp_rank=rank)
+    live_lo, live_hi = p["shard"].tolist()[:2]
+    e, ng, ks = p["w2"].shape[:3]
+    planes = p["w2"].reshape(e, ng, ks, 4, 4, 64)  # [.., q, d, 16 lanes x 4 bytes]
+    k0 = (torch.arange(ks).view(ks, 1, 1) * 128 + torch.arange(4).view(1, 4, 1) * 32
+          + torch.arange(4).view(1, 1, 4) * 8)  # first code of plane (ks, q, d)
+    loaded = (k0 + 8 > live_lo) & (k0 < live_hi)
+    assert not planes[:, :, ~loaded].any()
+    assert int(loaded.sum()) * 8 == live_hi - live_lo == 360  # exactly the live codes: no partial plane
 
 
 def test_swiglu_biases_are_refused(checkpoint):

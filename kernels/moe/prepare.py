@@ -23,6 +23,11 @@ Output (all contiguous, what the kernels read):
   w13_bias fp32 [E, 2 IP] (prepared row order; zeros without bias)
   w2   uint8 [E, h/16, KS2, 64, 16], w2_scale uint8 [E, h/16, KG2, 64, 4]  (the same over K = IP)
   w2_bias fp32 [E, h]
+  When a rank's columns do not fill whole 32-blocks (w2_planes: gpt-oss TP8), w2 has two more layouts so
+  the down kernel can skip the dead codes of the straddling blocks and the scale padding by whole 64-byte
+  runs: w2 in dword planes, [e, g, ks, 256 q + 64 d + 4 r + t] = byte 4d + t of lane 16q + r above;
+  w2_scale uint8 [E, h/64, KS2, 64, 4]: byte g of lane l at K-step ks = E8M0 of row 64 nb + 16 g + l % 16,
+  K-block 4 ks + l // 16 (one dword per lane per K-step for the workgroup's 4 groups, no padding).
   shard int32 [4]   (first live prepared column, end of the live columns, 1 if the w2 bias is added, 0): the
          kernels do not load weight bytes of dead columns, nor a w2 bias that is not added
 with HP = h rounded up to 128, KS1 = HP/128, KG1 = ceil(KS1/4), KS2 = IP/128, KG2 = ceil(KS2/4); K past the
@@ -66,6 +71,25 @@ def _unpack(blocks: torch.Tensor) -> torch.Tensor:
 def _pack(codes: torch.Tensor) -> torch.Tensor:
     c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
     return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+
+
+def w2_planes(inter: int, tp_size: int) -> bool:
+    """Whether w2 takes the dword-plane layouts: a rank's columns straddle 32-column scale blocks."""
+    return (inter // tp_size) % BLOCK != 0
+
+
+def _dword_planes(b: torch.Tensor) -> torch.Tensor:
+    """Lane-major B [E, N/16, KS, 64, 16] -> dword planes: per lane group q, dword d of its 16 lanes together."""
+    e, ng, ks = b.shape[:3]
+    return b.reshape(e, ng, ks, 4, 16, 4, 4).permute(0, 1, 2, 3, 5, 4, 6).reshape(e, ng, ks, 64, 16).contiguous()
+
+
+def _kstep_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[E, N, K/32] (N % 64 == 0, K % 128 == 0) -> [E, N/64, K/128, 64, 4]: per K-step, lane 16q + r's dword
+    holds the 4 groups' E8M0 of K-block 4 ks + q."""
+    e, n, kb = scales.shape
+    s = scales.reshape(e, n // 64, 4, 16, kb // 4, 4)  # [e, nb, g, r, ks, q]
+    return s.permute(0, 1, 4, 5, 3, 2).reshape(e, n // 64, kb // 4, 64, 4).contiguous()
 
 
 def _shuffle_b(blocks: torch.Tensor, scales: torch.Tensor, k_pad: int):
@@ -147,6 +171,8 @@ def _prepare(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias, ac
     scales2 = torch.zeros(e, hidden, ip // BLOCK, dtype=torch.uint8, device=dev)
     scales2[:, :, : n_copy // BLOCK] = w2_scales[:, :, lo // BLOCK : lo // BLOCK + n_copy // BLOCK]
     w2, w2_scale = _shuffle_b(_pack(k_cols), scales2, ip)
+    if w2_planes(inter, tp_size):
+        w2, w2_scale = _dword_planes(w2), _kstep_scales(scales2)
     bias2 = torch.zeros(e, hidden, dtype=torch.float32, device=dev)
     if w2_bias is not None and tp_rank == 0:
         bias2 = w2_bias.float().clone()
@@ -160,4 +186,15 @@ def unshuffle_b(b: torch.Tensor, s: torch.Tensor, k: int) -> tuple[torch.Tensor,
     kg = s.shape[2]
     codes = b.reshape(e, ng, ks, 4, 16, 16).permute(0, 1, 4, 2, 3, 5).reshape(e, ng * 16, ks * 64)
     scales = s.reshape(e, ng, kg, 4, 16, 4).permute(0, 1, 4, 2, 5, 3).reshape(e, ng * 16, kg * 16)
+    return codes[:, :, : k // 2], scales[:, :, : k // BLOCK]
+
+
+def unshuffle_w2(b: torch.Tensor, s: torch.Tensor, k: int, planes: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of either w2 layout (for tests): -> codes [E, h, k/2] and scales [E, h, k/32]."""
+    if not planes:
+        return unshuffle_b(b, s, k)
+    e, ng, ks = b.shape[:3]
+    lanes = b.reshape(e, ng, ks, 4, 4, 16, 4).permute(0, 1, 2, 3, 5, 4, 6).reshape(e, ng, ks, 64, 16)
+    codes = lanes.reshape(e, ng, ks, 4, 16, 16).permute(0, 1, 4, 2, 3, 5).reshape(e, ng * 16, ks * 64)
+    scales = s.reshape(e, ng // 4, ks, 4, 16, 4).permute(0, 1, 5, 4, 2, 3).reshape(e, ng * 16, ks * 4)
     return codes[:, :, : k // 2], scales[:, :, : k // BLOCK]
