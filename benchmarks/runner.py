@@ -5,8 +5,10 @@
 A benchmark is `benchmarks/<category>/<shape token>/bench.py` defining
     PACKAGE  "<category>/<shape token>" (the kernel package), OP (reference op name), DIMS (its dims),
     TOKENS   default token counts,
-    cost(m)  -> Cost(min_bytes, flops, min_mfma, min_write_bytes): what the op cannot do with less at m
-             tokens (min_write_bytes: the part of min_bytes that is output, for a reads-only figure).
+    cost(m)  -> Cost(min_bytes, flops, min_mfma, min_write_bytes, boundary_bytes): what the op cannot do
+             with less at m tokens (min_write_bytes: the part of min_bytes that is output, for a reads-only
+             figure; boundary_bytes: the smallest intermediates a staged op must pass between its launches,
+             each counted once, for a reads figure against the minimum plus them).
 Inputs come from the op's builder in references/ (prepared by the package's `prepare` hook when declared).
 
 On a gfx950 GPU: CUDA-graph replay over rotating copies of every input (> 256 MiB in total, more than the
@@ -45,6 +47,7 @@ class Cost:
     flops: int
     min_mfma: int = 0
     min_write_bytes: int = 0
+    boundary_bytes: int = 0
 
 
 def floor_us(cost: Cost) -> dict:
@@ -119,6 +122,9 @@ def measure_emulator(bench, tokens: int) -> dict:
         "bytes_distinct_x_min": distinct / cost.min_bytes,
         "loads_distinct_x_min_reads": (totals["global_load_distinct_bytes"] / (cost.min_bytes - cost.min_write_bytes)
                                        if cost.min_write_bytes else None),
+        "loads_distinct_x_staged_reads": (totals["global_load_distinct_bytes"]
+                                          / (cost.min_bytes - cost.min_write_bytes + cost.boundary_bytes)
+                                          if cost.min_write_bytes and cost.boundary_bytes else None),
         "mfma": int(totals["mfma"]),
         "min_mfma": cost.min_mfma,
         "mfma_x_min": (totals["mfma"] / cost.min_mfma) if cost.min_mfma else None,
@@ -185,8 +191,10 @@ def _fmt(row: dict) -> str:
     dist = row["bytes_distinct_x_min"]
     dist = "  sampled" if dist != dist else f"{dist:8.3f}x"  # NaN: a sampled run has no distinct count
     reads = row.get("loads_distinct_x_min_reads")
+    staged = row.get("loads_distinct_x_staged_reads")
     if reads is not None and reads == reads:
-        dist += f"  (loads {reads:.3f}x min reads)"
+        dist += f"  (loads {reads:.3f}x min reads" + (f", {staged:.3f}x with the stage boundaries)"
+                                                       if staged is not None else ")")
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
             f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
             f"  waves {row['waves_main']}"

@@ -83,3 +83,21 @@ def test_cosine_is_nan_on_non_finite_and_one_on_equal():
     b = a.clone()
     b[3] = math.nan
     assert math.isnan(cosine(a, b))
+
+
+def test_moe_pair_with_an_out_of_range_id_adds_nothing():
+    """A graph-padding row's garbage expert id (negative, or >= E) selects no expert, as in the kernels'
+    sort and combine: the row equals the same row with that pair's weight zeroed and a valid id."""
+    from references import moe
+
+    inputs = moe.build_moe_inputs(2, {"hidden": 64, "intermediate": 64, "experts": 4, "top_k": 2}, 0,
+                                  activation="swiglu")
+    base = dict(inputs)
+    garbage = inputs["topk_ids"].clone()
+    garbage[0, 1], garbage[1, 0] = 7, -3
+    zeroed = inputs["topk_weights"].clone()
+    zeroed[0, 1], zeroed[1, 0] = 0.0, 0.0
+    (out_garbage,) = moe.moe_mxfp4_swiglu(**{**base, "topk_ids": garbage})
+    (out_zeroed,) = moe.moe_mxfp4_swiglu(**{**base, "topk_weights": zeroed})
+    assert torch.equal(out_garbage, out_zeroed)
+    assert out_garbage.abs().sum() > 0

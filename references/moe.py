@@ -111,6 +111,8 @@ def _moe(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
     y = torch.zeros(tokens, topk_ids.shape[1], hidden)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
+        if not 0 <= e < experts:  # a garbage id (graph-padding rows) selects no expert: its pair adds nothing
+            continue
         m_idx, j_idx = torch.nonzero(ids == e, as_tuple=True)
         w13 = mxfp4_dequantize(w13_blocks[e], w13_scales[e])
         gate = xq[m_idx] @ w13[gate_rows].T

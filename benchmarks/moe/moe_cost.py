@@ -5,6 +5,9 @@ of every expert the routing selects - MXFP4 codes and E8M0 scales of the rank's 
 columns (a TP8 rank's w2 scale blocks: the blocks its columns touch), bf16 biases where the model has them.
 Intermediate tensors (quantized x, sorted pairs, gate-up output, per-slot rows) are not in the minimum: a
 fully fused kernel would not write them. min_write_bytes: out; the rest is the reads' minimum.
+boundary_bytes: the two intermediates the staged MoE (issue: stage 1, stage 2, a fixed-order reduce; no
+atomics) must pass between launches, at their smallest: per (token, slot) pair the MXFP8 gate-up output
+(I codes + ceil(I / 32) scales) and the bf16 row of the weighted down output the reduce sums (2 h).
 min MFMA: 16x16x128 steps with every expert's pairs in 16-row tiles: sum over used experts of
 ceil(n_e / 16) * (2 I / 16 * ceil(h / 128) + h / 16 * ceil(I / 128)), I the rank's columns.
 FLOPs: 2 m k (2 I h + h I).
@@ -38,4 +41,5 @@ def moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_si
     tiles = int(((counts + 15) // 16).sum())
     min_mfma = tiles * (2 * per // 16 * -(-hidden // 128) + hidden // 16 * -(-per // 128))
     flops = 2 * m * top_k * (2 * per * hidden + hidden * per)
-    return Cost(min_bytes, flops, min_mfma, min_write_bytes=m * hidden * 2)
+    boundary = m * top_k * (per + -(-per // 32) + 2 * hidden)
+    return Cost(min_bytes, flops, min_mfma, min_write_bytes=m * hidden * 2, boundary_bytes=boundary)

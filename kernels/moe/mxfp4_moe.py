@@ -16,6 +16,8 @@
 4. stage 2  grid (max_tiles, h/64): one wave x 4 groups of 16 output columns (the A tile loaded once, real
             rows only), K = IP, + bias, times the pair's routing weight -> y bf16 [M*k, h] at row
             pair = token*k + slot (each element has one writer; padding rows load and store nothing).
+            With w2_planes (TP8) the w2 codes come as four dword loads per lane from dword planes, each
+            plane skipped when it holds no live column, and one scale dword per K-step for the 4 groups.
 5. combine  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
             Why a y round trip (2 M k h bytes): a token's k pairs sit in k different expert tiles, and
             without atomics their sum needs either these rows or one owner per output column walking every
