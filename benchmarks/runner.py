@@ -16,7 +16,7 @@ last-level cache, so each call reads its weights from HBM), median microseconds 
 On a CPU: the emulator's counters summed over the entry's launches - global bytes loaded + stored (issued
 by the lanes, and distinct dwords, the DRAM-like figure) against the minimum, MFMAs against the minimum,
 workgroups and waves against 256 CUs, distinct bytes loaded against the minimum's reads (where the bench
-gives min_write_bytes) - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
+gives min_write_bytes; also against those plus boundary_bytes, where given) - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
 SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seeded sample whose counters are
 scaled to the whole grid (distinct bytes are then not reported: NaN); packages whose grids depend on the data
 (kernel.toml workgroups = "tokens") always run whole.

@@ -93,11 +93,13 @@ def test_moe_pair_with_an_out_of_range_id_adds_nothing():
     inputs = moe.build_moe_inputs(2, {"hidden": 64, "intermediate": 64, "experts": 4, "top_k": 2}, 0,
                                   activation="swiglu")
     base = dict(inputs)
-    garbage = inputs["topk_ids"].clone()
-    garbage[0, 1], garbage[1, 0] = 7, -3
+    # Experts 0 and 1 see the same single row in both calls (so the same matmul shapes); the zeroed pairs
+    # go to experts 2 and 3, which nothing else uses.
+    garbage = torch.tensor([[0, 7], [-3, 1]], dtype=torch.int32)
+    valid = torch.tensor([[0, 2], [3, 1]], dtype=torch.int32)
     zeroed = inputs["topk_weights"].clone()
     zeroed[0, 1], zeroed[1, 0] = 0.0, 0.0
     (out_garbage,) = moe.moe_mxfp4_swiglu(**{**base, "topk_ids": garbage})
-    (out_zeroed,) = moe.moe_mxfp4_swiglu(**{**base, "topk_weights": zeroed})
+    (out_zeroed,) = moe.moe_mxfp4_swiglu(**{**base, "topk_ids": valid, "topk_weights": zeroed})
     assert torch.equal(out_garbage, out_zeroed)
     assert out_garbage.abs().sum() > 0

@@ -23,9 +23,9 @@ Output (all contiguous, what the kernels read):
   w13_bias fp32 [E, 2 IP] (prepared row order; zeros without bias)
   w2   uint8 [E, h/16, KS2, 64, 16], w2_scale uint8 [E, h/16, KG2, 64, 4]  (the same over K = IP)
   w2_bias fp32 [E, h]
-  When a rank's columns do not fill whole 32-blocks (w2_planes: gpt-oss TP8), w2 has two more layouts so
-  the down kernel can skip the dead codes of the straddling blocks and the scale padding by whole 64-byte
-  runs: w2 in dword planes, [e, g, ks, 256 q + 64 d + 4 r + t] = byte 4d + t of lane 16q + r above;
+  When a rank's columns do not fill whole 32-blocks (w2_planes: gpt-oss TP8), w2 and w2_scale take these
+  layouts instead, so the down kernel can skip the dead codes of the straddling blocks in whole 64-byte runs
+  and the scales have no padding: w2 in dword planes, [e, g, ks, 256 q + 64 d + 4 r + t] = byte 4d + t of lane 16q + r above;
   w2_scale uint8 [E, h/64, KS2, 64, 4]: byte g of lane l at K-step ks = E8M0 of row 64 nb + 16 g + l % 16,
   K-block 4 ks + l // 16 (one dword per lane per K-step for the workgroup's 4 groups, no padding).
   shard int32 [4]   (first live prepared column, end of the live columns, 1 if the w2 bias is added, 0): the
