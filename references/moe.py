@@ -25,7 +25,8 @@ MoE forward (`moe_mxfp4_gptoss`, `moe_mxfp4_swiglu`), for each token m and slot 
    times topk_weights[m, j] (fp32), rounded to bf16: y_j = bf16(w_j (aq W2^T + b2)). (As vLLM's fused MoE
    keeps the weighted per-slot rows in the activation dtype before its sum; half the bytes of fp32 rows.)
 6. Combine: out[m] = sum over j = 0, 1, ..., k-1 in that order of y_j, in fp32, rounded to bf16 once.
-   Never an atomic add: the sum order is fixed.
+   Never an atomic add: the sum order is fixed. A pair whose expert id is outside [0, E) (graph-padding
+   garbage) selects no expert and adds nothing.
 
 Tensor parallelism (gpt-oss TP8): rank r owns intermediate columns [r*I/tp, (r+1)*I/tp) (360 of 2880).
 Its 32-element w2 scale blocks straddle shard edges; the rank's result is the full computation with the

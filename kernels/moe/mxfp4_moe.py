@@ -26,9 +26,10 @@ Tiles past the sorted count exit at once (max_tiles is a host bound; the real co
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 
 Bytes that carry nothing are not read: `shard` (from prepare_weights) gives the live intermediate columns
-[live_lo, live_hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead columns, dead
-32-column K-blocks of w2, the K tail past h in the last gate-up K-step and zero biases load out of range
-(0, no memory traffic). The swiglu activation has no biases at all.
+[live_lo, live_hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead
+columns, dead 32-column K-blocks of w2 (dead 8-code runs with w2_planes), the K tail past h in the last
+gate-up K-step and zero biases load out of range (0, no memory traffic). The swiglu activation has no
+biases at all.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
