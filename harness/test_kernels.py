@@ -124,28 +124,53 @@ def _assert_no_mutation_or_aliasing(entry, inputs: dict) -> None:
 
 
 def _bad_variants(inputs: dict):
-    """(argument name, what is wrong, broken inputs): wrong dtype, wrong shape, non-contiguous."""
+    """(argument name, what is wrong, broken inputs): wrong dtype, wrong shape, non-contiguous.
+
+    The broken tensors are fresh uninitialized memory or views, never converted copies: the entry must
+    reject them before reading a byte, and the MoE's ~1 GB of expert weights would otherwise be copied to
+    float32 and doubled (over 10 GB for one test worker)."""
     for name, t in inputs.items():
         if not isinstance(t, torch.Tensor):
             continue
         wrong_dtype = torch.float32 if t.dtype != torch.float32 else torch.bfloat16
-        yield name, "dtype", {**inputs, name: t.to(wrong_dtype)}
+        yield name, "dtype", {**inputs, name: torch.empty(t.shape, dtype=wrong_dtype, device=t.device)}
         yield name, "shape", {**inputs, name: t[..., :-32]}
-        doubled = torch.cat([t, t], dim=-1)
-        yield name, "contiguous", {**inputs, name: doubled[..., ::2]}
+        strides, step = [], 1  # row-major strides of the shape with its last dimension doubled, then [..., ::2]
+        for size in reversed((*t.shape[:-1], 2 * t.shape[-1])):
+            strides.insert(0, step)
+            step *= size
+        strides[-1] = 2
+        yield name, "contiguous", {**inputs, name: torch.empty_strided(t.shape, strides, dtype=t.dtype,
+                                                                        device=t.device)}
+
+
+def _fake_call(entry, inputs: dict):
+    """Call the entry as torch.compile traces it: on fake tensors, which dispatch to the op's fake."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        return entry(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
 
 
 @pytest.mark.parametrize("shape", list(ENTRY_SHAPES.values()), ids=lambda s: s.id)
 def test_bad_input_names_the_argument(shape, monkeypatch):
+    """Every bad argument gets an error naming it, the same from a real call, from the op's fake (what
+    torch.compile traces with) and on the meta device."""
     _, entry = _entry(shape)
     inputs = _inputs(shape, 2, 2)
     for name, what, broken in _bad_variants(inputs):
         with pytest.raises((TypeError, ValueError)) as err:
             entry(**broken)
         assert name in str(err.value), f"{what} error for {name} does not name it: {err.value}"
+        with pytest.raises(type(err.value)) as fake_err:
+            _fake_call(entry, broken)
+        assert str(fake_err.value) == str(err.value), f"{what} error for {name}: the fake raised another error"
+    first = next(n for n, t in inputs.items() if isinstance(t, torch.Tensor))
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    with pytest.raises(ValueError, match=f"^{first}: .*device meta"):
+        entry(**meta)
     # A tensor on the host: on a GPU, move one; under the emulator, host tensors stop being accepted.
     if devices.current().emulated:
         monkeypatch.delenv(devices.DEVICE_ENV)
-    first = next(n for n, t in inputs.items() if isinstance(t, torch.Tensor))
     with pytest.raises(ValueError, match=f"^{first}: .*device"):
         entry(**{**inputs, first: inputs[first].cpu()})

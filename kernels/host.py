@@ -6,6 +6,7 @@ import os
 from typing import Callable, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 # The harness sets this when kernels execute in its gfx950 emulator, which takes CPU tensors.
 DEVICE_ENV = "AMD_KERNELS_DEVICE"
@@ -17,6 +18,14 @@ def _device_ok(device: torch.device) -> bool:
     return device.type == "cpu" and os.environ.get(DEVICE_ENV) == "emulator"
 
 
+def _byte_address(t: torch.Tensor) -> int:
+    """The data pointer, or for a tensor with no memory (meta, or a fake tensor while torch.compile traces)
+    its byte offset in its storage: allocations are aligned, so the offset decides the alignment."""
+    if t.device.type == "meta" or is_fake(t):
+        return t.storage_offset() * t.element_size()
+    return t.data_ptr()
+
+
 def check_tensor(
     name: str,
     t,
@@ -25,11 +34,13 @@ def check_tensor(
     shape: Sequence[int | None],
     like: torch.Tensor | None = None,
     hint: str = "",
+    align: int = 16,
 ) -> None:
     """Raise a TypeError/ValueError naming `name` unless `t` is a contiguous tensor of this dtype and shape.
 
     `shape` entries of None match any size. `like` (another argument) pins the device. `hint` is added to
-    dtype and shape errors (e.g. how to prepare a weight).
+    dtype and shape errors (e.g. how to prepare a weight). `align`: the byte alignment the kernel's loads of
+    `t` need (16 for dwordx4 loads; 1 for a tensor read bytewise, so a row slice of it is accepted).
     """
     why = f" ({hint})" if hint else ""
     if not isinstance(t, torch.Tensor):
@@ -45,8 +56,8 @@ def check_tensor(
         raise ValueError(f"{name}: on device {t.device}, but the other arguments are on {like.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor (row-major), got strides {tuple(t.stride())}")
-    if t.data_ptr() % 16:
-        raise ValueError(f"{name}: data pointer is not 16-byte aligned (16-byte loads need it)")
+    if _byte_address(t) % align:
+        raise ValueError(f"{name}: data pointer is not {align}-byte aligned (the kernel's {align}-byte loads need it)")
 
 
 def check_rows(name: str, t: torch.Tensor, rows: int) -> None:
@@ -54,14 +65,19 @@ def check_rows(name: str, t: torch.Tensor, rows: int) -> None:
         raise ValueError(f"{name}: expected {rows} rows (the token count of x), got {t.shape[0]}")
 
 
-def custom_op(qualname: str, impl: Callable, fake: Callable):
-    """Register `impl` as torch.ops.<qualname> with a fake (meta) implementation.
+def custom_op(qualname: str, impl: Callable, outputs: Callable):
+    """Register `impl` as torch.ops.<qualname>, with `outputs` as its fake (meta) implementation.
 
+    `outputs(*args)` is the entry's front half: it runs every argument check and returns the entry's
+    freshly allocated outputs; `impl` calls it first and then launches into them. Sharing it means a meta
+    tensor, or a fake tensor while torch.compile traces, gets exactly the error a real call would (and the
+    same output shapes), never a silent empty tensor.
     `impl` is a warm_up.entry-decorated function; its warm_up/modes/table ride along on the op object
     so callers and the harness can warm it explicitly.
     """
     op = torch.library.custom_op(qualname, mutates_args=())(impl)
-    op.register_fake(fake)
+    op.register_fake(outputs)
+    op.outputs = outputs
     for attr in ("warm_up", "modes", "table"):
         setattr(op, attr, getattr(impl, attr))
     return op

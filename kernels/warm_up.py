@@ -160,9 +160,22 @@ class _CompilePool:
 _pool: _CompilePool | None = None
 
 
+def worker_count() -> int:
+    """AMD_KERNELS_COMPILE_WORKERS (unset or 0: one worker per CPU)."""
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    try:
+        size = int(raw) if raw else 0
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"{WORKERS_ENV}: expected the number of compile worker processes (a non-negative "
+                         f"integer; 0 or unset means one per CPU), got {raw!r}")
+    return size or (os.cpu_count() or 1)
+
+
 def _compile_in_workers(module: str, keys: list[str], label: str) -> None:
     global _pool
-    size = int(os.environ.get(WORKERS_ENV, "0")) or (os.cpu_count() or 1)
+    size = worker_count()
     if _pool is None and (len(keys) == 1 or size <= 1):
         # A lone miss compiles faster here than in a worker that still has to import torch and FlyDSL.
         for key in _progress(keys, f"{label}: compiling"):

@@ -44,32 +44,50 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
         return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
 
+    def weight_hint(t, want: tuple, k_of) -> str:
+        """Why a weight's shape is wrong: packed for another N or K (another package's weight), or not packed."""
+        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[2] != want[2]:
+            return _NOT_PREPARED
+        other = []
+        if t.shape[0] != want[0]:
+            other.append(f"N = {t.shape[0] * 16}")
+        if t.shape[1] != want[1]:
+            other.append(f"K = {k_of(t.shape[1])}" if k_of else "another K")
+        if not other:
+            return ""
+        return (f"packed by prepare_weights() for a weight of {' and '.join(other)}, but this package "
+                f"({shape_token}) serves N = {N}, K = {K}: use the package of that shape")
+
     def check(x, x_scales, w_packed, w_scales_packed, bias) -> int:
         host.check_tensor("x", x, dtype=torch.float8_e4m3fn, shape=(None, K))
         tokens = x.shape[0]
-        host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x)
+        # x_scales is read one byte at a time, so any byte offset (a row slice) is fine.
+        host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x, align=1)
         host.check_tensor("w_packed", w_packed, dtype=torch.float8_e4m3fn, shape=(N // 16, K // 64, 1024), like=x,
-                          hint=_NOT_PREPARED)
+                          hint=weight_hint(w_packed, (N // 16, K // 64, 1024), lambda kk: kk * 64))
         host.check_tensor("w_scales_packed", w_scales_packed, dtype=torch.uint8, shape=(N // 16, STEPS, 64),
-                          like=x, hint=_NOT_PREPARED)
+                          like=x, hint=weight_hint(w_scales_packed, (N // 16, STEPS, 64), None))
         host.check_tensor("bias", bias, dtype=torch.bfloat16, shape=(N,), like=x)
         return tokens
+
+    def outputs(x, x_scales, w_packed, w_scales_packed, bias):
+        """The checks and the output, shared by the entry and its fake (host.custom_op)."""
+        tokens = check(x, x_scales, w_packed, w_scales_packed, bias)
+        return torch.empty((tokens, N), dtype=torch.bfloat16, device=x.device)
 
     @warm_up.entry(table, modes, mode_of)
     def mxfp8_gemm_entry(
         x: torch.Tensor, x_scales: torch.Tensor, w_packed: torch.Tensor, w_scales_packed: torch.Tensor,
         bias: torch.Tensor,
     ) -> torch.Tensor:
-        tokens = check(x, x_scales, w_packed, w_scales_packed, bias)
-        out = torch.empty((tokens, N), dtype=torch.bfloat16, device=x.device)
+        out = outputs(x, x_scales, w_packed, w_scales_packed, bias)
+        tokens = x.shape[0]
         if tokens:
             table[tier_of(tokens)](x, x_scales, w_packed, w_scales_packed, bias, out, tokens, _stream(x))
         return out
 
     mxfp8_gemm_entry.__name__ = "mxfp8_gemm"
 
-    def fake(x, x_scales, w_packed, w_scales_packed, bias):
-        return torch.empty((x.shape[0], N), dtype=torch.bfloat16, device=x.device)
 
     def prepare(inputs: dict) -> dict:
         """Reference inputs (checkpoint layout) -> entry inputs (packed weights); run once at load time."""
@@ -81,7 +99,7 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         VARIANTS=table,
         tier_of=tier_of,
         prepare=prepare,
-        mxfp8_gemm=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, fake),
+        mxfp8_gemm=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, outputs),
     )
 
 

@@ -25,10 +25,8 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
     modes = {"all": sorted(pipeline.variants)}
     shapes = pipeline.weight_shapes()
 
-    @warm_up.entry(table, modes, lambda *a, **k: "all")
-    def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-            w13_scale: torch.Tensor, w13_bias: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-            w2_bias: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    def outputs(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
+        """The checks and the output, shared by the entry and its fake (host.custom_op)."""
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         m = x.shape[0]
         host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
@@ -40,15 +38,21 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
                     "a checkpoint-layout weight? pass it through prepare_weights() once at load time")
             host.check_tensor(name, given[name], dtype=pipeline.weight_dtypes[name], shape=shapes[name], like=x,
                               hint=hint)
-        out = torch.empty_like(x)
+        return torch.empty_like(x)
+
+    @warm_up.entry(table, modes, lambda *a, **k: "all")
+    def moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+            w13_scale: torch.Tensor, w13_bias: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+            w2_bias: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+        out = outputs(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard)
+        m = x.shape[0]
+        given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
+                     shard=shard)
         if m:
             key = pipeline.variant_for(m)
             table[key](*pipeline.launch_args(key, x, topk_weights, topk_ids, given, out, x.device),
                        host.stream_of(x))
         return out
-
-    def fake(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
-        return torch.empty_like(x)
 
     cache = {}
 
@@ -67,5 +71,5 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         weights = cache[key][1]
         return {"x": inputs["x"], "topk_weights": inputs["topk_weights"], "topk_ids": inputs["topk_ids"], **weights}
 
-    return SimpleNamespace(VARIANTS=table, moe=host.custom_op(f"amd_kernels::{shape_token}_moe", moe, fake),
+    return SimpleNamespace(VARIANTS=table, moe=host.custom_op(f"amd_kernels::{shape_token}_moe", moe, outputs),
                            prepare_inputs=prepare_inputs, emulator_workgroups=pipeline.emulator_workgroups)

@@ -16,26 +16,24 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
     modes = {"all": ["route.all"]}
 
-    def outputs(x):
+    def outputs(x, router_weight, router_bias, top_k):
+        """The checks and the outputs, shared by the entry and its fake (host.custom_op)."""
+        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
+        host.check_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(experts, hidden), like=x)
+        host.check_tensor("router_bias", router_bias, dtype=torch.bfloat16, shape=(experts,), like=x)
+        if top_k != globals_top_k:
+            raise ValueError(f"top_k: this kernel selects {globals_top_k} experts, got {top_k}")
         return (torch.empty((x.shape[0], top_k), dtype=torch.float32, device=x.device),
                 torch.empty((x.shape[0], top_k), dtype=torch.int32, device=x.device))
 
     @warm_up.entry(table, modes, lambda *a, **k: "all")
     def route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor,
               top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
-        host.check_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(experts, hidden), like=x)
-        host.check_tensor("router_bias", router_bias, dtype=torch.bfloat16, shape=(experts,), like=x)
-        if top_k != globals_top_k:
-            raise ValueError(f"top_k: this kernel selects {globals_top_k} experts, got {top_k}")
-        weights, ids = outputs(x)
+        weights, ids = outputs(x, router_weight, router_bias, top_k)
         if x.shape[0]:
             table["route.all"](x, router_weight, router_bias, weights, ids, x.shape[0], host.stream_of(x))
         return weights, ids
 
     globals_top_k = top_k
 
-    def fake(x, router_weight, router_bias, top_k):
-        return outputs(x)
-
-    return SimpleNamespace(VARIANTS=table, route=host.custom_op(f"amd_kernels::{shape_token}_route", route, fake))
+    return SimpleNamespace(VARIANTS=table, route=host.custom_op(f"amd_kernels::{shape_token}_route", route, outputs))

@@ -46,28 +46,44 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         scales = torch.empty((x.shape[0], hidden // 32), dtype=torch.uint8, device=x.device)
         return q, scales
 
+    # Each entry's checks and output allocation, shared with its fake (host.custom_op).
+    def outputs_rmsnorm(x, weight, eps):
+        check(x, weight)
+        return torch.empty_like(x)
+
+    def outputs_fused_add(x, residual, weight, eps):
+        check(x, weight, residual)
+        return torch.empty_like(x), torch.empty_like(x)
+
+    def outputs_mx(x, weight, eps):
+        check(x, weight)
+        return mx_outputs(x)
+
+    def outputs_fused_add_mx(x, residual, weight, eps):
+        check(x, weight, residual)
+        return (*mx_outputs(x), torch.empty_like(x))
+
     @warm_up.entry(table, modes("rmsnorm"), mode_of)
     def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        tokens = check(x, weight)
-        out = torch.empty_like(x)
-        if tokens:
-            table[f"rmsnorm.{tier(tokens)}"](x, weight, out, tokens, eps, host.stream_of(x))
+        out = outputs_rmsnorm(x, weight, eps)
+        if x.shape[0]:
+            table[f"rmsnorm.{tier(x.shape[0])}"](x, weight, out, x.shape[0], eps, host.stream_of(x))
         return out
 
     @warm_up.entry(table, modes("fused_add_rmsnorm"), mode_of)
     def fused_add_rmsnorm(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = check(x, weight, residual)
-        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        out, residual_out = outputs_fused_add(x, residual, weight, eps)
+        tokens = x.shape[0]
         if tokens:
             table[f"fused_add_rmsnorm.{tier(tokens)}"](x, residual, weight, out, residual_out, tokens, eps, host.stream_of(x))
         return out, residual_out
 
     @warm_up.entry(table, modes("rmsnorm_mxfp8"), mode_of)
     def rmsnorm_mxfp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = check(x, weight)
-        q, scales = mx_outputs(x)
+        q, scales = outputs_mx(x, weight, eps)
+        tokens = x.shape[0]
         if tokens:
             table[f"rmsnorm_mxfp8.{tier(tokens)}"](x, weight, q, scales, tokens, eps, host.stream_of(x))
         return q, scales
@@ -76,34 +92,21 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
     def fused_add_rmsnorm_mxfp8(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        tokens = check(x, weight, residual)
-        q, scales = mx_outputs(x)
-        residual_out = torch.empty_like(x)
+        q, scales, residual_out = outputs_fused_add_mx(x, residual, weight, eps)
+        tokens = x.shape[0]
         if tokens:
             table[f"fused_add_rmsnorm_mxfp8.{tier(tokens)}"](
                 x, residual, weight, q, scales, residual_out, tokens, eps, host.stream_of(x)
             )
         return q, scales, residual_out
 
-    def fake_rmsnorm(x, weight, eps):
-        return torch.empty_like(x)
-
-    def fake_fused_add(x, residual, weight, eps):
-        return torch.empty_like(x), torch.empty_like(x)
-
-    def fake_mx(x, weight, eps):
-        return mx_outputs(x)
-
-    def fake_fused_add_mx(x, residual, weight, eps):
-        return (*mx_outputs(x), torch.empty_like(x))
-
     ns = f"amd_kernels::{shape_token}_"
     return SimpleNamespace(
         VARIANTS=table,
-        rmsnorm=host.custom_op(ns + "rmsnorm", rmsnorm, fake_rmsnorm),
-        fused_add_rmsnorm=host.custom_op(ns + "fused_add_rmsnorm", fused_add_rmsnorm, fake_fused_add),
-        rmsnorm_mxfp8=host.custom_op(ns + "rmsnorm_mxfp8", rmsnorm_mxfp8, fake_mx),
+        rmsnorm=host.custom_op(ns + "rmsnorm", rmsnorm, outputs_rmsnorm),
+        fused_add_rmsnorm=host.custom_op(ns + "fused_add_rmsnorm", fused_add_rmsnorm, outputs_fused_add),
+        rmsnorm_mxfp8=host.custom_op(ns + "rmsnorm_mxfp8", rmsnorm_mxfp8, outputs_mx),
         fused_add_rmsnorm_mxfp8=host.custom_op(
-            ns + "fused_add_rmsnorm_mxfp8", fused_add_rmsnorm_mxfp8, fake_fused_add_mx
+            ns + "fused_add_rmsnorm_mxfp8", fused_add_rmsnorm_mxfp8, outputs_fused_add_mx
         ),
     )

@@ -24,12 +24,13 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
         return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
 
     def outputs(x):
+        """The check and the outputs, shared by the entry and its fake (host.custom_op)."""
+        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, K))
         return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
                 torch.empty((x.shape[0], K // 32), dtype=torch.uint8, device=x.device))
 
     @warm_up.entry(table, modes, mode_of)
     def mxfp8_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, K))
         q, scales = outputs(x)
         tokens = x.shape[0]
         if tokens:
@@ -37,8 +38,5 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
             table[tier(tokens)](x, q, scales, tokens, stream)
         return q, scales
 
-    def fake(x):
-        return outputs(x)
-
     return SimpleNamespace(VARIANTS=table,
-                           mxfp8_quant=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, fake))
+                           mxfp8_quant=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, outputs))
