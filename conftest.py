@@ -23,3 +23,16 @@ def pytest_configure(config):
 def pytest_report_header(config):
     dev = getattr(config, "_amd_kernels_device", None)
     return f"amd_kernels device: {dev.kind if dev else 'not set up'}"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_serving_session():
+    """Each test starts before any warm-up, as a fresh server does: whether a first call is reported as a
+    lazy warm-up must not depend on which tests ran earlier in the same worker."""
+    from amd_kernels import compile_watch
+
+    compile_watch.disarm()
+    yield

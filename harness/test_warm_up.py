@@ -59,3 +59,51 @@ def test_misses_compile_in_worker_processes_into_the_disk_cache(tmp_path, monkey
         if pool is not None:
             pool.close()
         monkeypatch.setattr(warm_up, "_pool", None)
+
+
+def _probe_entry(pkg):
+    """A fresh entry over the package's table (its own set of warmed modes): returns the mode it ran in."""
+    from amd_kernels.norm.rmsnorm_entries import tier
+
+    modes = {"decode": ["rmsnorm.decode"], "prefill": ["rmsnorm.prefill"]}
+
+    @warm_up.entry(pkg.VARIANTS, modes, lambda x: tier(x.shape[0]))
+    def probe(x: torch.Tensor) -> str:
+        return tier(x.shape[0])
+
+    return probe
+
+
+DECODE, PREFILL = torch.zeros(4, 1), torch.zeros(1024, 1)
+
+
+def test_a_first_call_before_any_warm_up_warms_its_mode_silently(rmsnorm_pkg):
+    compile_watch.disarm()  # the fixture's warm-up armed the report: start a new session
+    probe = _probe_entry(rmsnorm_pkg)
+    with compile_watch.recording() as events:
+        assert probe(PREFILL) == "prefill"
+    assert compile_watch.serving_compiles(events) == []
+
+
+def test_a_lazy_warm_up_after_a_warm_up_is_an_error_naming_the_call_site(rmsnorm_pkg):
+    probe = _probe_entry(rmsnorm_pkg)
+    probe.warm_up("decode")
+    assert probe(DECODE) == "decode"  # the warmed mode serves without a report
+    with pytest.raises(compile_watch.CompileWhileServingError) as err:
+        probe(PREFILL)
+    message = str(err.value)
+    assert "probe [prefill]" in message and "lazy warm-up" in message
+    assert "test_warm_up.py" in message  # the caller's line, not a frame inside amd_kernels
+
+
+def test_a_lazy_warm_up_of_a_sibling_entry_is_reported_as_a_warning(rmsnorm_pkg, monkeypatch):
+    """After one entry's warm-up, the first call of another entry never warmed is reported too."""
+    monkeypatch.setenv(compile_watch.ERROR_ENV, "0")
+    _probe_entry(rmsnorm_pkg).warm_up()
+    sibling = _probe_entry(rmsnorm_pkg)
+    with compile_watch.recording() as events, pytest.warns(compile_watch.CompileWhileServing, match="probe \\[decode\\]"):
+        assert sibling(DECODE) == "decode"
+    assert [e.function for e in compile_watch.serving_compiles(events)] == ["probe [decode]"]
+    with compile_watch.recording() as events:
+        sibling(DECODE)  # reported once: the mode is warm now
+    assert compile_watch.serving_compiles(events) == []

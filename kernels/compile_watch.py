@@ -1,10 +1,15 @@
 """Report FlyDSL compiles that happen while serving.
 
 Every trace of a `@flyc.jit` function (a compile, or at best a ~0.2 ms cache-key build plus a disk-cache
-load) is recorded. Compiles inside a warm-up are expected; any other compile after the first warm-up is
-reported with its call site (the first frame outside amd_kernels and flydsl) and what changed in the
-compile key against the nearest key that function compiled before. With AMD_KERNELS_COMPILE_ERROR=1 the
-report is raised as CompileWhileServing instead of warned (the harness runs that way).
+load) is recorded. Compiles inside a warm-up are expected. Once a caller's warm-up has finished (an
+entry's `warm_up()`), serving has begun, and from then on
+- any compile outside a warm-up is reported with its call site (the first frame outside amd_kernels and
+  flydsl) and what changed in the compile key against the nearest key that function compiled before;
+- a lazy warm-up (the first call of an entry in a mode no warm_up() covered, which loads or compiles that
+  mode's variants in the serving path) is reported once, with the call site of that call.
+A first call before any warm_up() warms its mode silently: that is how a caller that never warms works.
+With AMD_KERNELS_COMPILE_ERROR=1 a report is raised as CompileWhileServingError instead of warned (the
+harness runs that way).
 """
 
 from __future__ import annotations
@@ -92,10 +97,26 @@ def _record(function: str, key: dict) -> CompileEvent:
         earlier.append(key)
         _events.append(event)
     if _armed and not during:
-        if os.environ.get(ERROR_ENV, "") not in ("", "0"):
-            raise CompileWhileServingError(event.describe())
-        warnings.warn(event.describe(), CompileWhileServing, stacklevel=2)
+        _report(event)
     return event
+
+
+def _report(event: CompileEvent) -> None:
+    if os.environ.get(ERROR_ENV, "") not in ("", "0"):
+        raise CompileWhileServingError(event.describe())
+    warnings.warn(event.describe(), CompileWhileServing, stacklevel=3)
+
+
+def lazy_warm_up(what: str) -> None:
+    """A call is about to warm `what` (an entry and its mode) on first use. After a caller's warm-up that
+    loads or compiles variants in the serving path: record it and report it with the call's site."""
+    if not _armed or in_warm_up():
+        return
+    event = CompileEvent(what, {}, _call_site(), False,
+                         ["a lazy warm-up: the first call in a mode no warm_up() covered; warm it at load time"])
+    with _lock:
+        _events.append(event)
+    _report(event)
 
 
 def install() -> None:
@@ -130,8 +151,9 @@ def in_warm_up() -> bool:
 
 
 @contextlib.contextmanager
-def warming():
-    """Compiles inside this block are part of a warm-up; leaving it arms the report."""
+def warming(arm: bool = True):
+    """Compiles inside this block are part of a warm-up; leaving a caller's warm-up (`arm`) arms the report.
+    A lazy warm-up (arm=False) does not: it is the first call of a caller that may never warm."""
     global _armed
     install()
     _state.depth = getattr(_state, "depth", 0) + 1
@@ -139,8 +161,19 @@ def warming():
         yield
     finally:
         _state.depth -= 1
-        if _state.depth == 0:
+        if _state.depth == 0 and arm:
             _armed = True
+
+
+def armed() -> bool:
+    """Whether a caller's warm-up has finished in this process (so serving has begun)."""
+    return _armed
+
+
+def disarm() -> None:
+    """Forget that a warm-up finished: a new serving session starts (the harness starts each test so)."""
+    global _armed
+    _armed = False
 
 
 @contextlib.contextmanager

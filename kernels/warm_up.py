@@ -8,7 +8,8 @@ On the first call of each mode (e.g. the decode tier or the prefill tier) the en
    with a progress bar,
 3. loads every variant of the mode in this process as a `flyc.compile` CompiledFunction (~5 us a call,
    against ~220 us for a plain `@flyc.jit` call), then launches.
-All of that runs inside compile_watch.warming(), so only compiles outside a warm-up are reported.
+All of that runs inside compile_watch.warming(), so only compiles outside a warm-up are reported; and once a
+caller has run a `warm_up()`, a first call in a mode it did not warm is reported as a lazy warm-up.
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ class VariantTable:
             else:
                 os.environ[_RUN_ONLY_ENV] = previous
 
-    def warm(self, keys: list[str], label: str) -> dict:
-        """Load `keys` into this process, compiling misses in workers. Returns timings for reports."""
+    def warm(self, keys: list[str], label: str, arm: bool = True) -> dict:
+        """Load `keys` into this process, compiling misses in workers. Returns timings for reports.
+        `arm`: a caller's warm-up (serving begins after it), not a lazy one on a first call."""
         compile_watch.install()
-        with _warm_lock, compile_watch.warming():
+        with _warm_lock, compile_watch.warming(arm):
             start = time.perf_counter()
             pending = [k for k in keys if k not in self._loaded]
             misses = [k for k in pending if not self._try_load_cached(k)]
@@ -213,21 +215,30 @@ def entry(table: VariantTable, modes: dict[str, list[str]], mode_of: Callable[..
     def decorate(fn):
         warmed: set[str] = set()
 
-        def warm_up(mode: str | None = None) -> dict:
-            """Warm `mode` (None: every mode, in one batch so the workers compile them side by side)."""
-            names = [n for n in (modes if mode is None else [mode]) if n not in warmed]
+        def warm(names: list[str], arm: bool) -> dict:
+            names = [n for n in names if n not in warmed]
             if not names:
+                if arm:  # a caller's warm_up() begins serving even when every mode is already warm
+                    with compile_watch.warming():
+                        pass
                 return {}
             keys = list(dict.fromkeys(k for n in names for k in modes[n]))
-            report = table.warm(keys, f"{fn.__name__} [{', '.join(names)}]")
+            report = table.warm(keys, f"{fn.__name__} [{', '.join(names)}]", arm)
             warmed.update(names)
             return report
+
+        def warm_up(mode: str | None = None) -> dict:
+            """Warm `mode` (None: every mode, in one batch so the workers compile them side by side)."""
+            if mode is not None and mode not in modes:
+                raise ValueError(f"mode: {fn.__name__} has modes {sorted(modes)}, got {mode!r}")
+            return warm(list(modes) if mode is None else [mode], arm=True)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             mode = mode_of(*args, **kwargs)
             if mode not in warmed:
-                warm_up(mode)
+                compile_watch.lazy_warm_up(f"{fn.__name__} [{mode}]")
+                warm([mode], arm=False)
             return fn(*args, **kwargs)
 
         wrapper.warm_up = warm_up
