@@ -3,7 +3,8 @@
 A kernel package lists its FlyDSL specializations in a `VariantTable` (key -> launcher and a function
 that builds example arguments) and decorates each public entry with `entry(table, modes, mode_of)`.
 On the first call of each mode (e.g. the decode tier or the prefill tier) the entry:
-1. probes the disk cache for every variant of the mode (FLYDSL_RUNTIME_RUN_ONLY makes a miss raise),
+1. probes the disk cache for every variant of the mode (FLYDSL_RUNTIME_RUN_ONLY makes a miss raise; an
+   artifact that does not match its key counts as a miss, see jit_cache.py),
 2. compiles the misses in worker processes (FlyDSL's disk cache is safe to share between processes),
    with a progress bar,
 3. loads every variant of the mode in this process as a `flyc.compile` CompiledFunction (~5 us a call,
@@ -28,7 +29,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from amd_kernels import compile_watch
+from amd_kernels import compile_watch, jit_cache
 
 WORKERS_ENV = "AMD_KERNELS_COMPILE_WORKERS"
 _RUN_ONLY_ENV = "FLYDSL_RUNTIME_RUN_ONLY"
@@ -63,6 +64,7 @@ class VariantTable:
     def _compile(self, key: str) -> Callable:
         import flydsl.compiler as flyc
 
+        jit_cache.install()  # disk-cache artifacts are checked against their keys before use
         variant = self.variants[key]
         return flyc.compile(variant.launcher, *variant.example_args())
 

@@ -1,15 +1,18 @@
 """Disassemble a code object's .text with Debian llvm-22's llvm-objdump into per-PC instruction records.
 
-The disassembly text is cached per code-object hash in .cache/emulator/disasm/. Each record keeps the
+The disassembly text is cached per code-object hash in .cache/emulator/disasm/, sealed with a hash of the
+code-object hash and the text; a file whose seal does not match is redone with a warning. Each record keeps the
 mnemonic, positional operands and the space-separated modifiers exactly as LLVM prints them; translate.py
 turns each record into an executable closure once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
+import warnings
 from dataclasses import dataclass, field
 
 from harness.toolchain import find_system_tool
@@ -96,11 +99,38 @@ def disassemble_text(elf_path: str) -> str:
                           text=True).stdout
 
 
+SEAL = "\n// amd_kernels disasm seal "  # a comment line parse_listing skips
+
+
+class CorruptDisassembly(RuntimeWarning):
+    """A cached disassembly did not match its code object; it was redone."""
+
+
+def _seal_of(digest: str, text: str) -> str:
+    return hashlib.sha256(f"{digest}\n{text}".encode()).hexdigest()
+
+
+def _cached_text(txt_path, digest: str) -> str | None:
+    """The cached listing if its seal matches this code object's digest and the text, else None."""
+    try:
+        text, sep, seal = txt_path.read_text().rpartition(SEAL)
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        sep = ""
+    if sep and seal.strip() == _seal_of(digest, text):
+        return text
+    warnings.warn(f"disassembly cache {txt_path} does not match its code object: redoing it", CorruptDisassembly,
+                  stacklevel=3)
+    return None
+
+
 def disassemble(elf: bytes, digest: str) -> list[Inst]:
     cache_dir = BUILD_DIR / "disasm"
     cache_dir.mkdir(parents=True, exist_ok=True)
     txt_path = cache_dir / f"{digest}.txt"
-    if not txt_path.is_file():
+    text = _cached_text(txt_path, digest)
+    if text is None:
         elf_path = cache_dir / f"{digest}.{os.getpid()}.elf"
         elf_path.write_bytes(elf)
         try:
@@ -108,9 +138,9 @@ def disassemble(elf: bytes, digest: str) -> list[Inst]:
         finally:
             elf_path.unlink(missing_ok=True)
         tmp = txt_path.with_name(f"{txt_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
+        tmp.write_text(f"{text}{SEAL}{_seal_of(digest, text)}\n")
         tmp.replace(txt_path)
-    return parse_listing(txt_path.read_text())
+    return parse_listing(text)
 
 
 def parse_listing(text: str) -> list[Inst]:
