@@ -65,3 +65,22 @@ def test_a_bad_compile_workers_value_names_the_variable(value, monkeypatch):
     monkeypatch.setattr(warm_up, "_pool", None)
     with pytest.raises(ValueError, match=f"^{warm_up.WORKERS_ENV}: .*{value!r}"):
         warm_up._compile_in_workers("amd_kernels.norm.rmsnorm_h2880", ["rmsnorm.decode", "rmsnorm.prefill"], "t")
+
+
+def test_torch_compile_raises_the_argument_error_while_tracing():
+    """Under torch.compile the op's fake runs at trace time: a bad argument fails there, with the entry's
+    own error, before any graph reaches the backend (a fake without checks would trace and compile)."""
+    import amd_kernels.norm.rmsnorm_h2880 as pkg
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.zeros(4, 2880, dtype=torch.bfloat16, device=devices.current().torch_device)
+    weight = torch.zeros(2880, dtype=torch.float32, device=x.device)  # bf16 expected
+    compiled = torch.compile(lambda a, w: pkg.rmsnorm(a, w, 1e-6), backend=backend, fullgraph=True)
+    with pytest.raises(Exception, match="weight: expected dtype torch.bfloat16, got torch.float32"):
+        compiled(x, weight)
+    assert graphs == []
