@@ -85,13 +85,14 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
     )
 
 
-def variants(N: int, K: int, shape_token: str, tiers: dict) -> dict:
-    """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up."""
+def variants(N: int, K: int, shape_token: str, tiers: dict, chunk: int | None = None) -> dict:
+    """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up. `chunk`: 128-K steps
+    per K chunk, shared by every tier (mxfp8_gemm.build)."""
     import flydsl.expr as fx
 
     out = {}
     for name, tier in tiers.items():
-        launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier)
+        launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier, chunk)
 
         def example(m: int = 1):
             return (torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),

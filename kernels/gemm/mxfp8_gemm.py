@@ -93,6 +93,7 @@ class _Shape:
     K: int
     mb: int  # 16-token blocks per workgroup tile
     tb: int  # 16-feature blocks per workgroup tile
+    chunk: int  # 128-K steps per K chunk (every tier of a shape sums K in the same chunks, in chunk order)
 
     @property
     def KB(self):
@@ -146,17 +147,30 @@ def _store_block(shape: _Shape, y, bias4, blk, row, lane, m, o_rsrc):
     buffer.store(v, o_rsrc, (row < m).select((row * shape.N + _feature0(blk, lane)) * 2, fx.Int32(OOB)))
 
 
+def _fold(chunks: list, accs: list, running: bool) -> list:
+    """A K chunk's accumulators `accs` ends. running: keep one running sum, chunk 0 as is, then + each chunk
+    in chunk order (fp32 adds); otherwise keep the chunk as its own partial (summed later through LDS)."""
+    if not running:
+        return chunks + [accs]
+    if not chunks:
+        return [accs]
+    return [[chunks[0][b] + accs[b] for b in range(len(accs))]]
+
+
 def _kernel_direct(shape: _Shape, name: str, tier: Tier):
     """waves split K; each wave loads its operands straight from global memory (see the module docstring)."""
     mc, nb, sps, waves = tier.mc, tier.nb, tier.sps, tier.waves
     STEPS, K, KB = shape.STEPS, shape.K, shape.KB
     assert (waves - 1) * sps < STEPS <= waves * sps, f"{waves} waves x {sps} steps do not cover {STEPS} steps"
+    chunk = shape.chunk
+    assert waves == 1 or sps % chunk == 0, f"{sps} steps per wave do not start on {chunk}-step chunks"
+    cpw = -(-sps // chunk)  # K chunks per wave
     blocks = nb * mc  # 16 x 16 accumulator blocks per tile, block b = j * mc + c
     guard_k = (K % mx_gemm.STEP_K != 0) or (waves * sps != STEPS)  # some (lane, step) has k >= K
 
     @fx.struct
     class Lds:
-        part: fx.Array[fx.Float32, waves * blocks * 4 * LANES, 16]
+        part: fx.Array[fx.Float32, waves * cpw * blocks * 4 * LANES, 16]
 
     @flyc.kernel(name=f"mxfp8_gemm_{name}", known_block_size=[waves * LANES, 1, 1])
     def k_gemm(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, bias: fx.Tensor, out: fx.Tensor,
@@ -173,7 +187,11 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
 
         rows = [mt * shape.tile_m + 16 * c + r for c in range_constexpr(mc)]
         accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
+        chunks = []  # this wave's finished K chunks (waves > 1) or [their running sum in chunk order] (waves = 1)
         for i in range_constexpr(sps):
+            if i > 0 and i % chunk == 0:  # a K chunk ends: every chunk's MFMA chain starts from zero
+                chunks = _fold(chunks, accs, waves == 1)
+                accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
             s = wv * sps + i if waves > 1 else i  # 128-K step: wave wv owns steps [wv*sps, (wv+1)*sps)
             xops, xsc = [], []
             k_lo = s * mx_gemm.STEP_K + g * 16
@@ -193,26 +211,29 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
                 for c in range_constexpr(mc):
                     accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
 
+        chunks = _fold(chunks, accs, waves == 1)
         b_rsrc = buffer.tensor_resource(bias, shape.N * 2)
         o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (shape.N * 2))
         if waves == 1:
             for j in range_constexpr(nb):
                 bias4 = _load_bias(b_rsrc, nt * nb + j, lane)
                 for c in range_constexpr(mc):
-                    _store_block(shape, accs[j * mc + c], bias4, nt * nb + j, rows[c], lane, m, o_rsrc)
+                    _store_block(shape, chunks[0][j * mc + c], bias4, nt * nb + j, rows[c], lane, m, o_rsrc)
         else:
             lds = fx.SharedAllocator().allocate(Lds).peek()
-            part = lds.part.view(fx.make_layout(waves * blocks * 4 * LANES, 1))
-            for b in range_constexpr(blocks):
-                for reg in range_constexpr(4):
-                    fx.memref_store(accs[b][reg], part, ((wv * blocks + b) * 4 + reg) * LANES + lane)
+            part = lds.part.view(fx.make_layout(waves * cpw * blocks * 4 * LANES, 1))
+            for lc in range_constexpr(cpw):  # slot of K chunk q = wv * cpw + lc
+                for b in range_constexpr(blocks):
+                    for reg in range_constexpr(4):
+                        fx.memref_store(chunks[lc][b][reg], part, (((wv * cpw + lc) * blocks + b) * 4 + reg) * LANES + lane)
             gpu.barrier()
-            # Wave wv sums blocks wv, wv + waves, ... over the waves' partials in wave order 0, 1, ... (fixed).
+            # Wave wv sums blocks wv, wv + waves, ... over the K chunks in chunk order 0, 1, ... (fixed, and
+            # the order a one-wave tier adds them in).
             for t in range_constexpr(-(-blocks // waves)):
                 b = wv + t * waves
                 if b < blocks:  # (always true when waves divides blocks)
                     tot = [None] * 4
-                    for src in range_constexpr(waves):
+                    for src in range_constexpr(waves * cpw):
                         for reg in range_constexpr(4):
                             v = fx.memref_load(part, ((src * blocks + b) * 4 + reg) * LANES + lane)
                             tot[reg] = v if src == 0 else tot[reg] + v
@@ -271,7 +292,11 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
                                    fx.ptr_load(slab(q + 1), result_type=T.i32x4))
 
         accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
+        total = []  # the running sum of the finished K chunks, in chunk order
         for s in range_constexpr(STEPS):
+            if s > 0 and s % shape.chunk == 0:  # a K chunk ends: every chunk's MFMA chain starts from zero
+                total = _fold(total, accs, True)
+                accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
             tail = guard_k and s == STEPS - 1
             k = s * mx_gemm.STEP_K + wx * mx_gemm.HALF_K + g * 16
             a_in = [buffer.load_x4(x_rsrc, _x_offset(shape, row, k, tail)) for row in ld_rows]
@@ -292,21 +317,23 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
                 for c in range_constexpr(mc):
                     accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
 
+        total = _fold(total, accs, True)[0]
         b_rsrc = buffer.tensor_resource(bias, shape.N * 2)
         o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (shape.N * 2))
         for j in range_constexpr(nb):
             bias4 = _load_bias(b_rsrc, blks[j], lane)
             for c in range_constexpr(mc):
-                _store_block(shape, accs[j * mc + c], bias4, blks[j], rows[c], lane, m, o_rsrc)
+                _store_block(shape, total[j * mc + c], bias4, blks[j], rows[c], lane, m, o_rsrc)
 
     return k_gemm
 
 
-def build(N: int, K: int, name: str, tier: Tier):
-    """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`."""
+def build(N: int, K: int, name: str, tier: Tier, chunk: int | None = None):
+    """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`. `chunk`: 128-K steps
+    per K chunk, the same for every tier of a shape (None: all of K is one chunk)."""
     assert N % 16 == 0 and K % mx_gemm.HALF_K == 0
     side = 2 if tier.lds else 1  # waves per tile side
-    shape = _Shape(N, K, mb=side * tier.mc, tb=side * tier.nb)
+    shape = _Shape(N, K, mb=side * tier.mc, tb=side * tier.nb, chunk=chunk or steps(K))
     assert N % (16 * shape.tb) == 0, f"N {N} is not a multiple of the tile width {16 * shape.tb}"
     n_tiles = N // (16 * shape.tb)
     tile_m = shape.tile_m
