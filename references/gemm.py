@@ -71,6 +71,26 @@ def build_gemm_inputs(tokens: int, dims: dict, seed: int) -> dict:
     return {"x": x, "x_scales": x_scales, "w": w, "w_scales": w_scales, "bias": bias}
 
 
+def build_gemm_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """Inputs whose sums expose the fp32 summation order: the weight's two K halves are equal and x's second
+    half is exactly minus its first (|x| ~ 2^16), so every output is a huge sum that cancels down to the
+    contribution of one small uncancelled block (x ~ N(0, 1) in the last 32 of K): a different grouping of
+    the K sum moves most outputs by many bf16 ulps. Not realistic; used only to check batch invariance."""
+    n, k = _dims(dims)
+    if k % (2 * MX_BLOCK):
+        raise ValueError(f"k {k} is not a multiple of {2 * MX_BLOCK}")
+    gen = torch.Generator().manual_seed(seed)
+    half = k // 2
+    big = torch.randn(tokens, half, generator=gen) * 2.0**16
+    a = torch.cat([big, -big], dim=1)
+    a[:, -MX_BLOCK:] = torch.randn(tokens, MX_BLOCK, generator=gen)
+    x, x_scales = mxfp8_quantize(a)
+    wh = 0.02 * torch.randn(n, half, generator=gen)
+    w, w_scales = mxfp8_quantize(torch.cat([wh, wh], dim=1))
+    bias = (0.1 * torch.randn(n, generator=gen)).to(torch.bfloat16)
+    return {"x": x, "x_scales": x_scales, "w": w, "w_scales": w_scales, "bias": bias}
+
+
 def build_quant_inputs(tokens: int, dims: dict, seed: int) -> dict:
     """x bf16 [tokens, k] ~ N(0, 1) with 1% outlier channels at 20x (an attention output before o_proj)."""
     _, k = _dims(dims)
@@ -89,6 +109,7 @@ def _mx_as_float(outputs) -> tuple[torch.Tensor, ...]:
 
 
 OPS = (
-    Op("mxfp8_gemm", mxfp8_gemm, build_gemm_inputs, _gemm_as_float, ("y",), COSINE_MIN, ("x", "x_scales")),
+    Op("mxfp8_gemm", mxfp8_gemm, build_gemm_inputs, _gemm_as_float, ("y",), COSINE_MIN, ("x", "x_scales"),
+       build_cancelling=build_gemm_cancelling_inputs),
     Op("mxfp8_quant", mxfp8_quant, build_quant_inputs, _mx_as_float, ("out",), COSINE_MIN, ("x",)),
 )

@@ -237,6 +237,21 @@ def build_route_inputs(tokens: int, dims: dict, seed: int) -> dict:
     return {"x": x, "router_weight": w, "router_bias": b, "top_k": top_k}
 
 
+def build_route_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """Router inputs whose logits expose the fp32 summation order: the weight's two hidden halves are equal
+    and x's second half is minus its first (|x| ~ 2^8), leaving one small uncancelled block (the last 32
+    channels). Used only to check batch invariance."""
+    inputs = build_route_inputs(tokens, dims, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    half = inputs["x"].shape[1] // 2
+    big = (torch.randn(tokens, half, generator=gen) * 2.0**8).to(torch.bfloat16)
+    x = torch.cat([big, -big], dim=1)
+    x[:, -MX_BLOCK:] = torch.randn(tokens, MX_BLOCK, generator=gen).to(torch.bfloat16)
+    w = inputs["router_weight"]
+    inputs.update(x=x, router_weight=torch.cat([w[:, :half], w[:, :half]], dim=1).contiguous())
+    return inputs
+
+
 def routing_matrix(outputs) -> tuple[torch.Tensor]:
     """(topk_weights, topk_ids) -> dense fp32 [tokens, E=128 or more] with each weight at its expert."""
     weights, ids = outputs
@@ -252,7 +267,7 @@ def _as_float(outputs) -> tuple[torch.Tensor, ...]:
 
 OPS = (
     Op("moe_route_softmax_topk", moe_route_softmax_topk, build_route_inputs, routing_matrix, ("routing",),
-       ROUTE_COSINE_MIN, ("x",)),
+       ROUTE_COSINE_MIN, ("x",), build_cancelling=build_route_cancelling_inputs),
     Op("moe_mxfp4_gptoss", moe_mxfp4_gptoss,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="gptoss"),
        _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),

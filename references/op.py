@@ -17,6 +17,9 @@ class Op:
     result_names: tuple[str, ...]  # a name per to_float result, for reports
     cosine_min: float  # each result's cosine against the reference must reach this
     row_inputs: tuple[str, ...]  # inputs whose first dim is the token dim (graph padding rows live there)
+    # Inputs built to expose summation order (large partial sums that cancel), same signature as
+    # build_inputs; None where the op sums nothing order-sensitive. Used by the batch-invariance check.
+    build_cancelling: Callable | None = None
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
