@@ -181,3 +181,25 @@ def test_batch_invariance(shape, cancelling):
     failures = checks.check_batch_invariance(pkg, entry, shape.op, shape.dims, counts,
                                              checks.seed_of("invariance", shape.id), cancelling)
     assert failures == [], "\n".join(failures[:20])
+
+
+BOUNDED_SHAPES = [s for s in ENTRY_SHAPES.values() if not s.kernel.startswith("moe/mxfp4_")]  # (MoE: issue 19)
+
+
+@pytest.mark.parametrize("shape", BOUNDED_SHAPES, ids=lambda s: s.id)
+def test_token_count_bound(shape):
+    """Above its token bound an entry raises an error naming x and the bound; the bound covers the regimes'
+    largest prefill, and a batch of exactly the bound passes the token check (zero-stride rows: no memory)."""
+    _, entry = _entry(shape)
+    entry.warm_up()
+    limit = entry.max_tokens
+    assert limit >= max(c.tokens for c in shape.token_counts)
+    inputs = _inputs(shape, 1, 3)
+    for rows in (limit + 1, limit):
+        huge = {**inputs, "x": inputs["x"][:1].expand(rows, *inputs["x"].shape[1:])}
+        with pytest.raises(ValueError) as err:
+            entry(**huge)
+        if rows > limit:
+            assert str(err.value).startswith("x: ") and str(limit) in str(err.value), err.value
+        else:  # past the bound check: the next check rejects the zero-stride x
+            assert "token rows" not in str(err.value) and "contiguous" in str(err.value), err.value

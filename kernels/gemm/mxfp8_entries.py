@@ -44,7 +44,11 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
         return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
 
+    # i32 byte offsets into x [M, K] and out [M, N] bf16, masked stores at host.OOB_OFFSET
+    max_tokens = host.max_tokens_for(max(K, 2 * N))
+
     def check(x, x_scales, w_packed, w_scales_packed, bias) -> int:
+        host.check_tokens("x", x, max_tokens)
         host.check_tensor("x", x, dtype=torch.float8_e4m3fn, shape=(None, K))
         tokens = x.shape[0]
         host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x)
@@ -77,12 +81,9 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         return {"x": inputs["x"], "x_scales": inputs["x_scales"], "w_packed": w_packed,
                 "w_scales_packed": w_scales_packed, "bias": inputs["bias"]}
 
-    return SimpleNamespace(
-        VARIANTS=table,
-        tier_of=tier_of,
-        prepare=prepare,
-        mxfp8_gemm=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, fake),
-    )
+    op = host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, fake)
+    op.max_tokens = max_tokens
+    return SimpleNamespace(VARIANTS=table, tier_of=tier_of, prepare=prepare, mxfp8_gemm=op, max_tokens=max_tokens)
 
 
 def variants(N: int, K: int, shape_token: str, tiers: dict, chunk: int | None = None) -> dict:

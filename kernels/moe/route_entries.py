@@ -23,6 +23,7 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
     @warm_up.entry(table, modes, lambda *a, **k: "all")
     def route(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor,
               top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        host.check_tokens("x", x, max_tokens)
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         host.check_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(experts, hidden), like=x)
         host.check_tensor("router_bias", router_bias, dtype=torch.bfloat16, shape=(experts,), like=x)
@@ -34,8 +35,11 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
         return weights, ids
 
     globals_top_k = top_k
+    max_tokens = host.max_tokens_for(hidden * 2)  # i32 byte offsets into x [M, hidden] bf16
 
     def fake(x, router_weight, router_bias, top_k):
         return outputs(x)
 
-    return SimpleNamespace(VARIANTS=table, route=host.custom_op(f"amd_kernels::{shape_token}_route", route, fake))
+    op = host.custom_op(f"amd_kernels::{shape_token}_route", route, fake)
+    op.max_tokens = max_tokens
+    return SimpleNamespace(VARIANTS=table, route=op)

@@ -29,6 +29,7 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
 
     @warm_up.entry(table, modes, mode_of)
     def mxfp8_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        host.check_tokens("x", x, host.ROW_KERNEL_MAX_TOKENS)
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, K))
         q, scales = outputs(x)
         tokens = x.shape[0]
@@ -40,5 +41,6 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
     def fake(x):
         return outputs(x)
 
-    return SimpleNamespace(VARIANTS=table,
-                           mxfp8_quant=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, fake))
+    op = host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, fake)
+    op.max_tokens = host.ROW_KERNEL_MAX_TOKENS  # one descriptor per row
+    return SimpleNamespace(VARIANTS=table, mxfp8_quant=op)
