@@ -388,3 +388,32 @@ def check_batch_invariance(package, entry, op_name: str, dims: dict, counts: lis
                     failures.append(f"M={m}: probe {probe} at row {pos}, output {j}: "
                                     f"{int((a != b).sum())} of {a.numel()} bytes differ from the row alone")
     return failures
+
+
+# ---- special values ---------------------------------------------------------------------------------------
+def check_special_values(package, entry, op_name: str, dims: dict, seed: int) -> list[str]:
+    """Failures (empty: as the contract says): on the op's build_special inputs (NaN, +-Inf, subnormal rows),
+    each compared result has NaN exactly where the reference has NaN, +-Inf exactly where it has +-Inf, and,
+    row by row, the other elements' cosine against the reference >= the op's threshold (all zero on both
+    sides counts as equal)."""
+    op = OPS[op_name]
+    if op.build_special is None:
+        return []
+    clean = op.build_special(0, dims, seed)
+    inputs = to_device(package.entry_inputs(package.entry_for_op(op_name), clean), devices.current().torch_device)
+    outputs, _ = _run(entry, inputs, order_seed=None, sample={})
+    got = op.to_float(tuple(t.cpu() for t in outputs))
+    expected = op.to_float(op.reference(**clean))
+    failures = []
+    for name, g, e in zip(op.result_names, got, expected):
+        for what, mask in (("NaN", torch.isnan), ("+Inf", lambda t: t == float("inf")),
+                           ("-Inf", lambda t: t == float("-inf"))):
+            differ = (mask(g) != mask(e)).reshape(g.shape[0], -1).any(dim=1)
+            failures += [f"{name} row {int(r)}: {what} where the reference has none, or the reverse"
+                         for r in differ.nonzero().flatten()]
+        finite = torch.isfinite(g) & torch.isfinite(e)
+        for r in range(g.shape[0]):
+            c = cosine(g[r][finite[r]], e[r][finite[r]])
+            if not c >= op.cosine_min:
+                failures.append(f"{name} row {r}: cosine {c:.6f} of the finite elements < {op.cosine_min}")
+    return failures

@@ -203,3 +203,14 @@ def test_token_count_bound(shape):
             assert str(err.value).startswith("x: ") and str(limit) in str(err.value), err.value
         else:  # past the bound check: the next check rejects the zero-stride x
             assert "token rows" not in str(err.value) and "contiguous" in str(err.value), err.value
+
+
+SPECIAL_SHAPES = [s for s in ENTRY_SHAPES.values() if OPS[s.op].build_special is not None]
+
+
+@pytest.mark.parametrize("shape", SPECIAL_SHAPES, ids=lambda s: s.id)
+def test_special_values(shape):
+    """NaN, +-Inf and subnormal inputs give what the reference's contract says (NaN and Inf positions exact)."""
+    pkg, entry = _entry(shape)
+    failures = checks.check_special_values(pkg, entry, shape.op, shape.dims, checks.seed_of("special", shape.id))
+    assert failures == [], "\n".join(failures[:20])

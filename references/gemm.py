@@ -15,6 +15,8 @@ mxfp8_gemm(x, x_scales, w, w_scales, bias) -> (y,)
 mxfp8_quant(x) -> (q, scales)
 - x bf16 [tokens, k] -> references.mx.mxfp8_quantize(fp32 x): E4M3 elements (round to nearest even,
   saturating to +-448), one E8M0 scale per 32 elements, scales [tokens, k/32] uint8 row-major.
+- Special values as references.mx states: NaN -> 0x7F, +-Inf -> +-448 in a block of byte 247 (dequantizes
+  to +-Inf), subnormals kept. The harness checks them (NaN, +-Inf, subnormal rows).
 
 Tolerance: y's cosine against this reference >= 0.99999 (the fp32 sum order moves a bf16 result by at most
 one ulp); quantized outputs compared after dequantization, cosine >= 0.99999 (an element may move by one
@@ -28,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from references.mx import MX_BLOCK, mxfp8_dequantize, mxfp8_quantize
-from references.op import Op
+from references.op import SPECIAL_ROWS, Op, special_rows
 
 COSINE_MIN = 0.99999
 
@@ -99,6 +101,12 @@ def build_quant_inputs(tokens: int, dims: dict, seed: int) -> dict:
     return {"x": a.to(torch.bfloat16)}
 
 
+def build_quant_special_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """build_quant_inputs with NaN, +-Inf and subnormals planted (references.op.special_rows)."""
+    x = build_quant_inputs(max(tokens, SPECIAL_ROWS), dims, seed)["x"]
+    return {"x": special_rows(x, seed)}
+
+
 def _gemm_as_float(outputs) -> tuple[torch.Tensor, ...]:
     return tuple(t.float() for t in outputs)
 
@@ -111,5 +119,6 @@ def _mx_as_float(outputs) -> tuple[torch.Tensor, ...]:
 OPS = (
     Op("mxfp8_gemm", mxfp8_gemm, build_gemm_inputs, _gemm_as_float, ("y",), COSINE_MIN, ("x", "x_scales"),
        build_cancelling=build_gemm_cancelling_inputs),
-    Op("mxfp8_quant", mxfp8_quant, build_quant_inputs, _mx_as_float, ("out",), COSINE_MIN, ("x",)),
+    Op("mxfp8_quant", mxfp8_quant, build_quant_inputs, _mx_as_float, ("out",), COSINE_MIN, ("x",),
+       build_special=build_quant_special_inputs),
 )

@@ -4,6 +4,8 @@ Routing (`moe_route_softmax_topk`, gpt-oss):
 - logits = bf16(x @ router_weight^T + router_bias): bf16 products accumulated in fp32, the bias added in
   fp32, rounded to bf16 once (round to nearest even), as the model's bf16 linear does.
 - top-k of the bf16 logits, larger first; equal logits are broken deterministically, lower expert id first.
+  A NaN logit (either sign) ranks last, below -inf (NaNs among themselves: lower id first); if one is
+  selected, every weight of that token is NaN. An Inf in x makes its logits +-Inf or NaN, ranked the same way.
 - topk_weights = fp32 softmax over the k selected logits (the other experts do not enter the softmax).
 - Outputs topk_weights fp32 [tokens, k], topk_ids int32 [tokens, k] (descending logit order).
 - Tolerance: the kernel's fp32 accumulation order differs from torch's, so a logit may round to the
@@ -51,7 +53,7 @@ import functools
 import torch
 
 from references.mx import MX_BLOCK, mxfp8_dequantize, mxfp8_quantize
-from references.op import Op
+from references.op import SPECIAL_ROWS, Op, special_rows
 
 ROUTE_COSINE_MIN = 0.999
 MOE_COSINE_MIN = 0.9999
@@ -252,6 +254,17 @@ def build_route_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
     return inputs
 
 
+def build_route_special_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """build_route_inputs with NaN, +-Inf and subnormals planted in x (references.op.special_rows) and a NaN
+    in expert 9's weight row (its logit is NaN for every token: it must rank last)."""
+    inputs = build_route_inputs(max(tokens, SPECIAL_ROWS), dims, seed)
+    inputs["x"] = special_rows(inputs["x"], seed)
+    w = inputs["router_weight"].clone()
+    w[9, 100] = float("nan")
+    inputs["router_weight"] = w
+    return inputs
+
+
 def routing_matrix(outputs) -> tuple[torch.Tensor]:
     """(topk_weights, topk_ids) -> dense fp32 [tokens, E=128 or more] with each weight at its expert."""
     weights, ids = outputs
@@ -267,7 +280,8 @@ def _as_float(outputs) -> tuple[torch.Tensor, ...]:
 
 OPS = (
     Op("moe_route_softmax_topk", moe_route_softmax_topk, build_route_inputs, routing_matrix, ("routing",),
-       ROUTE_COSINE_MIN, ("x",), build_cancelling=build_route_cancelling_inputs),
+       ROUTE_COSINE_MIN, ("x",), build_cancelling=build_route_cancelling_inputs,
+       build_special=build_route_special_inputs),
     Op("moe_mxfp4_gptoss", moe_mxfp4_gptoss,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="gptoss"),
        _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),
