@@ -3,7 +3,11 @@
 - cosine of each result against the reference >= the op's threshold (real rows only);
 - bitwise determinism: a second run gives the same bytes (under the emulator, with another workgroup order);
 - padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged;
-- no compile after warm-up (compile_watch records every FlyDSL trace).
+- no compile after warm-up (compile_watch records every FlyDSL trace);
+- batch invariance (check_batch_invariance): a row's bits alone equal its bits first or last in batches on
+  both sides of every tier edge, on realistic inputs and on the op's build_cancelling inputs;
+- special values (check_special_values): on the op's build_special inputs, NaN and +-Inf exactly where the
+  reference has them, the rest within the cosine threshold row by row.
 On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
 `workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample
 of workgroups; then only the rows those workgroups own ("rows") or exactly the output bytes they stored

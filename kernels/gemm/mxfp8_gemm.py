@@ -15,6 +15,13 @@ Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N,
 
 Kernel (grid x = feature tile, y = token tile; no scratch). Two kinds of tier (`Tier.lds`):
 
+K chunks (batch invariance): every tier of one shape sums K in the same fixed chunks of `chunk` 128-K steps
+(the package's CHUNK_STEPS, the per-wave share of its most split tier; default all of K): each chunk's MFMA
+chain starts from zero and the chunk sums are added in chunk order, c0 + c1 + ... (fp32 adds), through LDS
+where waves split K and in registers where one wave runs several chunks. So a token's bits do not depend on
+which tier its batch size picks. The cost where one wave runs several chunks: 4 more VGPRs per 16 x 16
+accumulator block and 2 `v_pk_add_f32` per block per chunk boundary.
+
 Direct (lds=False; decode and mid tiers): `waves` waves per workgroup, tile 16*mc tokens x 16*nb features.
 - Its waves split K: wave w runs the contiguous MFMA steps [w*sps, (w+1)*sps) over the whole tile. The MFMA
   computes D = W_tile (A operand, 16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are
@@ -24,10 +31,11 @@ Direct (lds=False; decode and mid tiers): `waves` waves per workgroup, tile 16*m
   `buffer_load_ubyte` (rows are K/32 bytes, not 4-byte aligned). Offsets at k >= K (the K tail's missing
   half, and the last wave's empty steps) are pushed out of range, so they read zeros: never a byte of the
   next row (which may be a garbage padding row holding NaN codes). Rows >= M read zeros and store nothing.
-- waves > 1 (split-K inside the workgroup): every wave writes its fp32 accumulators to LDS (waves x
-  nb*mc KiB), one barrier, then wave w sums accumulator blocks w, w + waves, ... over the waves' partials in
-  wave order 0, 1, ..., waves-1 (fixed, so bitwise deterministic) and runs the epilogue for them. No
-  atomics, no partials in global memory, no second launch. waves = 1 runs the epilogue from registers.
+- waves > 1 (split-K inside the workgroup; sps a multiple of the chunk): every wave writes its chunks' fp32
+  accumulators to LDS (waves x sps/chunk x nb*mc KiB), one barrier, then wave w sums accumulator blocks w,
+  w + waves, ... over the chunks in chunk order (fixed, so bitwise deterministic) and runs the epilogue for
+  them. No atomics, no partials in global memory, no second launch. waves = 1 runs the epilogue from
+  registers.
 
 LDS-sharing (lds=True; prefill tiers): 4 waves in a 2 x 2 grid, tile 32*mc tokens x 32*nb features; wave
 (wy, wx) = (w // 2, w % 2) computes token blocks [wy*mc, (wy+1)*mc) x feature blocks [wx*nb, (wx+1)*nb)
