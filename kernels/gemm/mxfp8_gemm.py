@@ -233,7 +233,8 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
             for lc in range_constexpr(cpw):  # slot of K chunk q = wv * cpw + lc
                 for b in range_constexpr(blocks):
                     for reg in range_constexpr(4):
-                        fx.memref_store(chunks[lc][b][reg], part, (((wv * cpw + lc) * blocks + b) * 4 + reg) * LANES + lane)
+                        slot = ((wv * cpw + lc) * blocks + b) * 4 + reg
+                        fx.memref_store(chunks[lc][b][reg], part, slot * LANES + lane)
             gpu.barrier()
             # Wave wv sums blocks wv, wv + waves, ... over the K chunks in chunk order 0, 1, ... (fixed, and
             # the order a one-wave tier adds them in).
