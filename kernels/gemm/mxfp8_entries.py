@@ -86,11 +86,21 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
     return SimpleNamespace(VARIANTS=table, tier_of=tier_of, prepare=prepare, mxfp8_gemm=op, max_tokens=max_tokens)
 
 
+# Set to 1 (before import) to let each tier sum K in its own split, as before issue 19: a few percent fewer
+# instructions in the tiers that run several K chunks in one wave, and fewer VGPRs, but a row's bits then
+# depend on the token count (not batch invariant). Unset: every tier sums in the package's CHUNK_STEPS.
+BATCH_VARIANT_ENV = "AMD_KERNELS_GEMM_BATCH_VARIANT"
+
+
 def variants(N: int, K: int, shape_token: str, tiers: dict, chunk: int | None = None) -> dict:
     """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up. `chunk`: 128-K steps
-    per K chunk, shared by every tier (mxfp8_gemm.build)."""
+    per K chunk, shared by every tier (mxfp8_gemm.build); ignored under BATCH_VARIANT_ENV=1."""
+    import os
+
     import flydsl.expr as fx
 
+    if os.environ.get(BATCH_VARIANT_ENV, "") == "1":
+        chunk = None
     out = {}
     for name, tier in tiers.items():
         launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier, chunk)

@@ -339,10 +339,13 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
 
 def build(N: int, K: int, name: str, tier: Tier, chunk: int | None = None):
     """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`. `chunk`: 128-K steps
-    per K chunk, the same for every tier of a shape (None: all of K is one chunk)."""
+    per K chunk, the same for every tier of a shape; None: the tier's own split (one chunk per wave: not batch
+    invariant when the tiers of a shape split K differently)."""
     assert N % 16 == 0 and K % mx_gemm.HALF_K == 0
     side = 2 if tier.lds else 1  # waves per tile side
-    shape = _Shape(N, K, mb=side * tier.mc, tb=side * tier.nb, chunk=chunk or steps(K))
+    if chunk is None:
+        chunk = tier.sps if tier.waves > 1 and not tier.lds else steps(K)
+    shape = _Shape(N, K, mb=side * tier.mc, tb=side * tier.nb, chunk=chunk)
     assert N % (16 * shape.tb) == 0, f"N {N} is not a multiple of the tile width {16 * shape.tb}"
     n_tiles = N // (16 * shape.tb)
     tile_m = shape.tile_m
