@@ -90,6 +90,7 @@ def build_gemm_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
     half = k // 2
     big = torch.randn(tokens, half, generator=gen) * 2.0**16
     a = torch.cat([big, -big], dim=1)
+    a[:, half - MX_BLOCK: half] = 0  # (the partner of the uncancelled block)
     a[:, -MX_BLOCK:] = torch.randn(tokens, MX_BLOCK, generator=gen)
     x, x_scales = mxfp8_quantize(a)
     wh = 0.02 * torch.randn(n, half, generator=gen)

@@ -248,6 +248,7 @@ def build_route_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
     half = inputs["x"].shape[1] // 2
     big = (torch.randn(tokens, half, generator=gen) * 2.0**8).to(torch.bfloat16)
     x = torch.cat([big, -big], dim=1)
+    x[:, half - MX_BLOCK: half] = 0  # (the partner of the uncancelled block)
     x[:, -MX_BLOCK:] = torch.randn(tokens, MX_BLOCK, generator=gen).to(torch.bfloat16)
     w = inputs["router_weight"]
     inputs.update(x=x, router_weight=torch.cat([w[:, :half], w[:, :half]], dim=1).contiguous())
