@@ -10,7 +10,7 @@ MXFP8 (E4M3 elements, one E8M0 scale per block of 32 consecutive elements along 
   +-Inf has amax exponent field 255, so its scale byte is 247 and its finite elements are scaled by 2^-120
   (to zero unless huge); +-Inf saturates to +-448, which dequantizes to +-Inf (448 * 2^120 overflows fp32),
   and 0x7F dequantizes to NaN. Subnormal fp32 inputs are kept (no flush): a block whose amax is subnormal
-  gets byte 0 and its elements scale by 2^127 (those below 2^-136 then round to zero).
+  gets byte 0 and its elements scale by 2^127 (those below about 2^-136 then round to zero).
 - Layout: q [..., K] row-major (torch.float8_e4m3fn); scales [..., K/32] row-major (torch.uint8).
 """
 
