@@ -3,7 +3,11 @@
 - cosine of each result against the reference >= the op's threshold (real rows only);
 - bitwise determinism: a second run gives the same bytes (under the emulator, with another workgroup order);
 - padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged;
-- no compile after warm-up (compile_watch records every FlyDSL trace).
+- no compile after warm-up (compile_watch records every FlyDSL trace);
+- batch invariance (check_batch_invariance): a row's bits alone equal its bits first or last in batches on
+  both sides of every tier edge, on realistic inputs and on the op's build_cancelling inputs;
+- special values (check_special_values): on the op's build_special inputs, NaN and +-Inf exactly where the
+  reference has them, the rest within the cosine threshold row by row.
 On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
 `workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample
 of workgroups; then only the rows those workgroups own ("rows") or exactly the output bytes they stored
@@ -264,3 +268,156 @@ def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sam
         rows_any |= m.reshape(real, -1).any(dim=1)
     result.rows_checked = int(rows_any.sum())
     return result
+
+
+# ---- batch invariance --------------------------------------------------------------------------------------
+# A row's output bits must not depend on the rest of the batch: the same row alone (M = 1), among other rows,
+# at the start or at the end of the batch, at every token count that crosses a tier boundary. The counts
+# straddle every tier edge the packages use (16/17, 24/25, 32/33, 48/49, 64/65, 72/73, 128/129, 256/257,
+# 512/513) and reach the largest prefill. "tokens" packages (the MoE) stop at 520: their prefill runs the
+# same kernels as 513 with more tiles.
+INVARIANCE_COUNTS = (1, 2, 3, 5, 6, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65, 72, 73, 128, 129, 256, 257, 512, 513,
+                     1024, 2048, 8192)
+INVARIANCE_TOKENS_MAX = {"tokens": 520}
+INVARIANCE_PROBES = 2  # probe rows, placed at the start and again at the end of each batch
+INVARIANCE_FILLER = 29  # other rows (cycled to fill the batch)
+
+
+def invariance_counts(package, max_tokens: int) -> list[int]:
+    cap = min(max_tokens, INVARIANCE_TOKENS_MAX.get(package.workgroups, max_tokens))
+    return [m for m in INVARIANCE_COUNTS if m <= cap]
+
+
+def _token_workgroups(package, positions: frozenset, tokens: int):
+    """Emulator workgroup filter: only the workgroups computing the token rows `positions` run ("rows":
+    grid x splits the rows; "tiles": grid y is the token tile, as in every "tiles" package; "tokens": the
+    package names them). None where every workgroup must run."""
+    if package.workgroups == "tokens":
+        return functools.partial(getattr(importlib.import_module(package.module), "emulator_workgroups"), positions)
+    if package.workgroups not in ("rows", "tiles"):
+        return None
+    axis = 0 if package.workgroups == "rows" else 1
+
+    def chooser(kernel, grid, pointers, read):
+        g = grid[axis]  # token blocks of some size t with ceil(tokens / t) = g: row p lies in a block of
+        # index p // t, between p * (g - 1) // tokens and p * g // tokens
+        wanted = {b for p in positions for b in range(p * (g - 1) // tokens, p * g // tokens + 1)}
+        return {i for i in np.ndindex(*grid) if i[axis] in wanted}
+
+    return chooser
+
+
+def _batch(base: dict, row_inputs: tuple, tokens: int, probes: int, probe: int | None = None) -> tuple[dict, list]:
+    """Inputs of `tokens` rows built from `base` (rows [0, probes) the probes, the rest filler): the probe
+    rows first and, when they fit, again last; the filler rows cycled between. probe=i: one row, probe i.
+    Returns (inputs, [(row position, probe index)])."""
+    n_base = next(iter(base[n] for n in row_inputs)).shape[0]
+    if probe is not None:
+        order, where = [probe], [(0, probe)]
+    else:
+        filler = list(range(probes, n_base))
+        order = list(range(min(probes, tokens)))
+        tail = list(range(probes)) if tokens >= 2 * probes else []
+        middle = tokens - len(order) - len(tail)
+        order += [filler[i % len(filler)] for i in range(middle)] + tail
+        where = [(i, i) for i in range(min(probes, tokens))] + [(tokens - probes + i, i) for i in range(len(tail))]
+    idx = torch.tensor(order, dtype=torch.long)
+    return {k: (v.index_select(0, idx).contiguous() if k in row_inputs else v) for k, v in base.items()}, where
+
+
+def _all_stored(records, lo: int, hi: int) -> bool:
+    """Did the launches store every byte of [lo, hi)?"""
+    iv = [tuple(map(int, r)) for rec in records if rec.stored is not None for r in rec.stored
+          if r[1] > lo and r[0] < hi]
+    pos = lo
+    for a, b in sorted(iv):
+        if a > pos:
+            return False
+        pos = max(pos, b)
+    return pos >= hi
+
+
+def check_batch_invariance(package, entry, op_name: str, dims: dict, counts: list, seed: int,
+                           cancelling: bool) -> list[str]:
+    """Failures (empty: invariant): each probe row's output bytes at every count in `counts` against the same
+    row alone. cancelling: inputs from the op's build_cancelling (summation order exposed), else realistic."""
+    op = OPS[op_name]
+    builder = op.build_cancelling if cancelling else op.build_inputs
+    if builder is None:
+        return []
+    dev = devices.current()
+    entry_name = package.entry_for_op(op_name)
+    base = package.entry_inputs(entry_name, builder(INVARIANCE_PROBES + INVARIANCE_FILLER, dims, seed))
+    missing = [n for n in op.row_inputs if n not in base]
+    if missing:
+        raise LookupError(f"{package.path}: prepared inputs lack the row inputs {missing}")
+
+    def run(inputs: dict, where: list):
+        tokens = next(iter(inputs[n] for n in op.row_inputs)).shape[0]
+        inputs = to_device(inputs, dev.torch_device)
+        if not dev.emulated:
+            outputs = _as_tuple(entry(**inputs))
+            torch.cuda.synchronize()
+            return [tuple(row_bytes(t)[p] for t in outputs) for p, _ in where], None
+        from harness import emulator
+
+        chooser = _token_workgroups(package, frozenset(p for p, _ in where), tokens)
+        with emulator.options(workgroup_filter=chooser), emulator.launches() as records:
+            outputs = _as_tuple(entry(**inputs))
+        rows = []
+        for p, _ in where:
+            for t in outputs:
+                size = row_bytes(t).shape[1]
+                if not _all_stored(records, t.data_ptr() + p * size, t.data_ptr() + (p + 1) * size):
+                    return None, f"row {p} of an output was not computed by the workgroups run"
+            rows.append(tuple(row_bytes(t)[p] for t in outputs))
+        return rows, None
+
+    alone = []
+    for i in range(INVARIANCE_PROBES):
+        got, err = run(*_batch(base, op.row_inputs, 1, INVARIANCE_PROBES, probe=i))
+        if err:
+            return [f"alone, probe {i}: {err}"]
+        alone.append(got[0])
+    failures = []
+    for m in counts:
+        inputs, where = _batch(base, op.row_inputs, m, INVARIANCE_PROBES)
+        got, err = run(inputs, where)
+        if err:
+            failures.append(f"M={m}: {err}")
+            continue
+        for (pos, probe), row in zip(where, got):
+            for j, (a, b) in enumerate(zip(alone[probe], row)):
+                if not torch.equal(a, b):
+                    failures.append(f"M={m}: probe {probe} at row {pos}, output {j}: "
+                                    f"{int((a != b).sum())} of {a.numel()} bytes differ from the row alone")
+    return failures
+
+
+# ---- special values ---------------------------------------------------------------------------------------
+def check_special_values(package, entry, op_name: str, dims: dict, seed: int) -> list[str]:
+    """Failures (empty: as the contract says): on the op's build_special inputs (NaN, +-Inf, subnormal rows),
+    each compared result has NaN exactly where the reference has NaN, +-Inf exactly where it has +-Inf, and,
+    row by row, the other elements' cosine against the reference >= the op's threshold (all zero on both
+    sides counts as equal)."""
+    op = OPS[op_name]
+    if op.build_special is None:
+        return []
+    clean = op.build_special(0, dims, seed)
+    inputs = to_device(package.entry_inputs(package.entry_for_op(op_name), clean), devices.current().torch_device)
+    outputs, _ = _run(entry, inputs, order_seed=None, sample={})
+    got = op.to_float(tuple(t.cpu() for t in outputs))
+    expected = op.to_float(op.reference(**clean))
+    failures = []
+    for name, g, e in zip(op.result_names, got, expected):
+        for what, mask in (("NaN", torch.isnan), ("+Inf", lambda t: t == float("inf")),
+                           ("-Inf", lambda t: t == float("-inf"))):
+            differ = (mask(g) != mask(e)).reshape(g.shape[0], -1).any(dim=1)
+            failures += [f"{name} row {int(r)}: {what} where the reference has none, or the reverse"
+                         for r in differ.nonzero().flatten()]
+        finite = torch.isfinite(g) & torch.isfinite(e)
+        for r in range(g.shape[0]):
+            c = cosine(g[r][finite[r]], e[r][finite[r]])
+            if not c >= op.cosine_min:
+                failures.append(f"{name} row {r}: cosine {c:.6f} of the finite elements < {op.cosine_min}")
+    return failures

@@ -103,3 +103,31 @@ def test_moe_pair_with_an_out_of_range_id_adds_nothing():
     (out_zeroed,) = moe.moe_mxfp4_swiglu(**{**base, "topk_ids": valid, "topk_weights": zeroed})
     assert torch.equal(out_garbage, out_zeroed)
     assert out_garbage.abs().sum() > 0
+
+
+def test_mxfp8_special_values_follow_the_contract():
+    """NaN -> 0x7F whatever its sign; +-Inf -> +-448 in a block of byte 247, dequantized back to +-Inf."""
+    y = torch.ones(1, 96)
+    y[0, 3] = float("nan")
+    y[0, 4] = -float("nan")
+    y[0, 40] = float("-inf")
+    y[0, 64:] = 2.0**-130  # a subnormal block: byte 0, scaled by 2^127 (not flushed)
+    q, scales = mxfp8_quantize(y)
+    codes = q.view(torch.uint8)[0]
+    assert codes[3] == 0x7F and codes[4] == 0x7F
+    assert codes[40] == 0xFE and scales[0].tolist() == [247, 247, 0]
+    back = mxfp8_dequantize(q, scales)[0]
+    assert torch.isnan(back[3:5]).all() and back[40] == float("-inf")
+    assert (back[64:] > 0).all()
+
+
+def test_router_ranks_a_nan_logit_last():
+    x = torch.ones(1, 64, dtype=torch.bfloat16)
+    w = torch.eye(4, 64, dtype=torch.bfloat16)
+    b = torch.tensor([0.0, 5.0, 1.0, -float("inf")], dtype=torch.bfloat16)
+    b[1] = float("nan")  # expert 1: the largest logit but NaN
+    weights, ids = OPS["moe_route_softmax_topk"].reference(x, w, b, top_k=4)
+    assert ids.tolist() == [[2, 0, 3, 1]]
+    assert torch.isnan(weights).all()  # a NaN selected: every weight of the token is NaN
+    weights, ids = OPS["moe_route_softmax_topk"].reference(x, w, b, top_k=2)
+    assert ids.tolist() == [[2, 0]] and torch.isfinite(weights).all()

@@ -65,6 +65,26 @@ def check_rows(name: str, t: torch.Tensor, rows: int) -> None:
         raise ValueError(f"{name}: expected {rows} rows (the token count of x), got {t.shape[0]}")
 
 
+# Masked lanes store at this byte offset past their descriptor's end (amd_kernels.common.buffer); byte offsets
+# within one descriptor are i32. A descriptor over a whole tensor therefore bounds it to OOB_OFFSET bytes.
+OOB_OFFSET = 0x7FFFFFF0
+# Kernels with one descriptor per row (64-bit row base) run one 64-lane wave per row: the work-item ids
+# along x (i32) stay below 2^31 up to this many rows.
+ROW_KERNEL_MAX_TOKENS = (1 << 31) // 64
+
+
+def max_tokens_for(row_bytes: int) -> int:
+    """The token bound of a kernel addressing a whole [tokens, row_bytes] tensor through one descriptor."""
+    return OOB_OFFSET // row_bytes
+
+
+def check_tokens(name: str, t, limit: int) -> None:
+    """Raise a ValueError naming `name` when tensor `t` has more than `limit` token rows (its first dim)."""
+    if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] > limit:
+        raise ValueError(f"{name}: {t.shape[0]} token rows, above the {limit} this kernel supports "
+                         f"(larger batches address past its buffers' 32-bit offsets); split the batch")
+
+
 def custom_op(qualname: str, impl: Callable, outputs: Callable):
     """Register `impl` as torch.ops.<qualname>, with `outputs` as its fake (meta) implementation.
 

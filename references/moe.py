@@ -4,6 +4,8 @@ Routing (`moe_route_softmax_topk`, gpt-oss):
 - logits = bf16(x @ router_weight^T + router_bias): bf16 products accumulated in fp32, the bias added in
   fp32, rounded to bf16 once (round to nearest even), as the model's bf16 linear does.
 - top-k of the bf16 logits, larger first; equal logits are broken deterministically, lower expert id first.
+  A NaN logit (either sign) ranks last, below -inf (NaNs among themselves: lower id first); if one is
+  selected, every weight of that token is NaN. An Inf in x makes its logits +-Inf or NaN, ranked the same way.
 - topk_weights = fp32 softmax over the k selected logits (the other experts do not enter the softmax).
 - Outputs topk_weights fp32 [tokens, k], topk_ids int32 [tokens, k] (descending logit order).
 - Tolerance: the kernel's fp32 accumulation order differs from torch's, so a logit may round to the
@@ -51,7 +53,7 @@ import functools
 import torch
 
 from references.mx import MX_BLOCK, mxfp8_dequantize, mxfp8_quantize
-from references.op import Op
+from references.op import SPECIAL_ROWS, Op, special_rows
 
 ROUTE_COSINE_MIN = 0.999
 MOE_COSINE_MIN = 0.9999
@@ -237,6 +239,33 @@ def build_route_inputs(tokens: int, dims: dict, seed: int) -> dict:
     return {"x": x, "router_weight": w, "router_bias": b, "top_k": top_k}
 
 
+def build_route_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """Router inputs whose logits expose the fp32 summation order: the weight's two hidden halves are equal
+    and x's second half is minus its first (|x| ~ 2^8), leaving one small uncancelled block (the last 32
+    channels). Used only to check batch invariance."""
+    inputs = build_route_inputs(tokens, dims, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    half = inputs["x"].shape[1] // 2
+    big = (torch.randn(tokens, half, generator=gen) * 2.0**8).to(torch.bfloat16)
+    x = torch.cat([big, -big], dim=1)
+    x[:, half - MX_BLOCK: half] = 0  # (the partner of the uncancelled block)
+    x[:, -MX_BLOCK:] = torch.randn(tokens, MX_BLOCK, generator=gen).to(torch.bfloat16)
+    w = inputs["router_weight"]
+    inputs.update(x=x, router_weight=torch.cat([w[:, :half], w[:, :half]], dim=1).contiguous())
+    return inputs
+
+
+def build_route_special_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """build_route_inputs with NaN, +-Inf and subnormals planted in x (references.op.special_rows) and a NaN
+    in expert 9's weight row (its logit is NaN for every token: it must rank last)."""
+    inputs = build_route_inputs(max(tokens, SPECIAL_ROWS), dims, seed)
+    inputs["x"] = special_rows(inputs["x"], seed)
+    w = inputs["router_weight"].clone()
+    w[9, 100] = float("nan")
+    inputs["router_weight"] = w
+    return inputs
+
+
 def routing_matrix(outputs) -> tuple[torch.Tensor]:
     """(topk_weights, topk_ids) -> dense fp32 [tokens, E=128 or more] with each weight at its expert."""
     weights, ids = outputs
@@ -252,7 +281,8 @@ def _as_float(outputs) -> tuple[torch.Tensor, ...]:
 
 OPS = (
     Op("moe_route_softmax_topk", moe_route_softmax_topk, build_route_inputs, routing_matrix, ("routing",),
-       ROUTE_COSINE_MIN, ("x",)),
+       ROUTE_COSINE_MIN, ("x",), build_cancelling=build_route_cancelling_inputs,
+       build_special=build_route_special_inputs),
     Op("moe_mxfp4_gptoss", moe_mxfp4_gptoss,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="gptoss"),
        _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),

@@ -6,6 +6,11 @@ MXFP8 (E4M3 elements, one E8M0 scale per block of 32 consecutive elements along 
   of E4M3's largest power of two, 448 = 1.75 * 2^8). E8M0 byte = s + 127, clamped to [0, 254]; a block whose
   amax is zero or subnormal gets byte 0.
 - q = E4M3(y / 2^s): round to nearest even, saturating to +-448 (values in [448, 512) become 448).
+- Special values: a NaN element becomes the E4M3 NaN code 0x7F whatever its sign. A block holding a NaN or
+  +-Inf has amax exponent field 255, so its scale byte is 247 and its finite elements are scaled by 2^-120
+  (to zero unless huge); +-Inf saturates to +-448, which dequantizes to +-Inf (448 * 2^120 overflows fp32),
+  and 0x7F dequantizes to NaN. Subnormal fp32 inputs are kept (no flush): a block whose amax is subnormal
+  gets byte 0 and its elements scale by 2^127 (those below about 2^-136 then round to zero).
 - Layout: q [..., K] row-major (torch.float8_e4m3fn); scales [..., K/32] row-major (torch.uint8).
 """
 
@@ -29,7 +34,9 @@ def mxfp8_quantize(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # 2^-(byte-127) built from bits, exact for every byte in [0, 254]
     inv_scale = torch.ldexp(torch.ones_like(amax), (127 - scale_byte).to(torch.float32))
     scaled = (blocks * inv_scale.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
-    q = scaled.to(torch.float8_e4m3fn).reshape(y.shape)
+    codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
+    codes = torch.where(torch.isnan(scaled), torch.tensor(0x7F, dtype=torch.uint8), codes)  # NaN: 0x7F, any sign
+    q = codes.view(torch.float8_e4m3fn).reshape(y.shape)
     return q, scale_byte.to(torch.uint8)
 
 

@@ -9,6 +9,10 @@ Shared contract (every function below):
   E4M3 elements, one E8M0 scale per 32 elements along hidden, scales [tokens, hidden/32] uint8 row-major.
 - Fused add: r = bf16(x + residual) (sum in fp32, rounded to bf16 once); the norm reads that bf16 r, and
   r is returned as the new residual.
+- Special values follow IEEE fp32 with no flush: a NaN in r makes its row NaN; an Inf makes mean(r^2) Inf,
+  rstd 0, so the Inf element becomes NaN and the row's finite elements +-0; subnormal inputs are kept.
+  MXFP8 outputs then follow references.mx (NaN -> 0x7F, +-Inf -> +-448 in a block of byte 247). The
+  harness checks these (NaN, +-Inf, subnormal rows).
 
 Tolerance: each result's cosine against this reference >= 0.99999 for bf16 outputs and for MXFP8 outputs
 compared after dequantization (a different rstd rounding may move an element by one E4M3 step, never
@@ -21,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from references.mx import MX_BLOCK, mxfp8_dequantize, mxfp8_quantize
-from references.op import Op
+from references.op import SPECIAL_ROWS, Op, special_rows
 
 COSINE_MIN = 0.99999
 
@@ -85,6 +89,24 @@ def build_inputs(tokens: int, dims: dict, seed: int, *, with_residual: bool) -> 
     return inputs
 
 
+def build_wide_inputs(tokens: int, dims: dict, seed: int, *, with_residual: bool) -> dict:
+    """Inputs whose sum of squares exposes the fp32 summation order: small values (~2^-4) with every 97th
+    channel at ~2^8, so the small terms' bits survive or not depending on the grouping. Used only to check
+    batch invariance."""
+    inputs = build_inputs(tokens, dims, seed, with_residual=with_residual)
+    x = inputs["x"].float() * 2.0**-4
+    x[:, ::97] *= 2.0**12
+    inputs["x"] = x.to(torch.bfloat16)
+    return inputs
+
+
+def build_special_inputs(tokens: int, dims: dict, seed: int, *, with_residual: bool) -> dict:
+    """build_inputs with NaN, +-Inf and subnormals planted in x (references.op.special_rows)."""
+    inputs = build_inputs(max(tokens, SPECIAL_ROWS), dims, seed, with_residual=with_residual)
+    inputs["x"] = special_rows(inputs["x"], seed)
+    return inputs
+
+
 def _as_float(outputs) -> tuple[torch.Tensor, ...]:
     return tuple(t.float() for t in outputs)
 
@@ -98,18 +120,26 @@ OPS = (
     Op(
         "rmsnorm", rmsnorm, lambda t, d, s: build_inputs(t, d, s, with_residual=False),
         _as_float, ("out",), COSINE_MIN, ("x",),
+        build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=False),
+        build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=False),
     ),
     Op(
         "fused_add_rmsnorm", fused_add_rmsnorm, lambda t, d, s: build_inputs(t, d, s, with_residual=True),
         _as_float, ("out", "residual"), COSINE_MIN, ("x", "residual"),
+        build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=True),
+        build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=True),
     ),
     Op(
         "rmsnorm_mxfp8", rmsnorm_mxfp8, lambda t, d, s: build_inputs(t, d, s, with_residual=False),
         _mx_as_float, ("out",), COSINE_MIN, ("x",),
+        build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=False),
+        build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=False),
     ),
     Op(
         "fused_add_rmsnorm_mxfp8", fused_add_rmsnorm_mxfp8,
         lambda t, d, s: build_inputs(t, d, s, with_residual=True),
         _mx_as_float, ("out", "residual"), COSINE_MIN, ("x", "residual"),
+        build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=True),
+        build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=True),
     ),
 )

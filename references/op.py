@@ -17,6 +17,12 @@ class Op:
     result_names: tuple[str, ...]  # a name per to_float result, for reports
     cosine_min: float  # each result's cosine against the reference must reach this
     row_inputs: tuple[str, ...]  # inputs whose first dim is the token dim (graph padding rows live there)
+    # Inputs built to expose summation order (large partial sums that cancel), same signature as
+    # build_inputs; None where the op sums nothing order-sensitive. Used by the batch-invariance check.
+    build_cancelling: Callable | None = None
+    # Inputs with NaN, +-Inf and subnormal values planted (special_rows below), same signature; None where
+    # the contract does not define special values. Used by the special-values check.
+    build_special: Callable | None = None
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -31,3 +37,25 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     if na == 0 or nb == 0:
         return 0.0
     return float((a @ b) / (na * nb))
+
+
+SPECIAL_ROWS = 8  # the rows special_rows() plants; a special-values builder makes at least this many
+
+
+def special_rows(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """A copy of bf16 x [tokens >= SPECIAL_ROWS, k >= 128] with special values planted: row 0 unchanged, row 1
+    one NaN, row 2 one +Inf, row 3 one -Inf, row 4 all subnormal (~2^-130), row 5 one 32-block subnormal,
+    row 6 all zero, row 7 one NaN with the sign bit set. Rows past 7 unchanged."""
+    if x.shape[0] < SPECIAL_ROWS or x.shape[1] < 128:
+        raise ValueError(f"x: special_rows needs >= {SPECIAL_ROWS} rows and 128 columns, got {list(x.shape)}")
+    gen = torch.Generator().manual_seed(seed)
+    y = x.clone()
+    y[1, 5] = float("nan")
+    y[2, 7] = float("inf")
+    y[3, 40] = float("-inf")
+    y[4] = (torch.randn(x.shape[1], generator=gen) * 2.0**-130).to(x.dtype)
+    y[5, 32:64] = (torch.randn(32, generator=gen) * 2.0**-130).to(x.dtype)
+    y[6] = 0
+    bits = y.view(torch.int16)
+    bits[7, 70] = -64  # 0xFFC0: a NaN with the sign bit set
+    return y

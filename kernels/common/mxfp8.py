@@ -9,6 +9,10 @@ Rule (same as references/mx.py):
   (254 - byte) << 23, exact for every byte the rule produces. Scaling by the clamped byte (not the unclamped
   exponent) keeps q consistent with what a consumer dequantizes.
 
+NaN (the producers pass nan=True): a NaN element becomes 0x7F; its block's amax bits are the NaN's, exponent
+field 255, so the block's byte is 247 and its finite elements scale by 2^-120 (to zero, mostly). +-Inf: byte
+247 too, the element saturates to +-448, which dequantizes to +-Inf (448 * 2^120 overflows fp32).
+
 Hardware: gfx950's `v_cvt_pk_fp8_f32` converts to OCP E4M3FN with RNE but does not saturate unless its clamp
 bit is set (the LLVM intrinsic leaves it clear): |v| in (464, 512) would round to the NaN code. So every value
 is clamped to [-448, 448] first with `v_med3_f32`, after which the conversion cannot overflow.
@@ -59,13 +63,21 @@ def _f32(v):
     return fx.as_ir_value(v)
 
 
-def e4m3x8(y_f32x8, inv_scale):
-    """8 fp32 values * inv_scale -> 8 E4M3 bytes packed little-endian in a Vector of 2 x i32."""
+def e4m3x8(y_f32x8, inv_scale, nan: bool = False):
+    """8 fp32 values * inv_scale -> 8 E4M3 bytes packed little-endian in a Vector of 2 x i32.
+
+    nan=True: a NaN value becomes the E4M3 NaN code 0x7F (`v_med3_f32` would turn it into -448, 0xFE);
+    False keeps the code of the kernels that never meet NaN on purpose (their bytes unchanged)."""
     q = y_f32x8 * inv_scale
     f32 = ir.F32Type.get()
     lo = _f32(fx.Float32(-E4M3_MAX))
     hi = _f32(fx.Float32(E4M3_MAX))
     clamped = [rocdl.fmed3(f32, _f32(q[i]), lo, hi) for i in range_constexpr(ELEMS_PER_LANE)]
+    if nan:
+        qnan = fx.Int32(0x7FC00000).bitcast(fx.Float32)  # + quiet NaN: converts to 0x7F
+        for i in range_constexpr(ELEMS_PER_LANE):
+            is_nan = (fx.Float32(q[i]).bitcast(fx.Int32) & 0x7FFFFFFF) > 0x7F800000
+            clamped[i] = _f32(is_nan.select(qnan, fx.Float32(clamped[i])))
     i32 = ir.IntegerType.get_signless(32)
     words = []
     for w in range_constexpr(ELEMS_PER_LANE // 4):

@@ -58,7 +58,11 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         return (f"packed by prepare_weights() for a weight of {' and '.join(other)}, but this package "
                 f"({shape_token}) serves N = {N}, K = {K}: use the package of that shape")
 
+    # i32 byte offsets into x [M, K] and out [M, N] bf16, masked stores at host.OOB_OFFSET
+    max_tokens = host.max_tokens_for(max(K, 2 * N))
+
     def check(x, x_scales, w_packed, w_scales_packed, bias) -> int:
+        host.check_tokens("x", x, max_tokens)
         host.check_tensor("x", x, dtype=torch.float8_e4m3fn, shape=(None, K))
         tokens = x.shape[0]
         # x_scales is read one byte at a time, so any byte offset (a row slice) is fine.
@@ -95,21 +99,29 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         return {"x": inputs["x"], "x_scales": inputs["x_scales"], "w_packed": w_packed,
                 "w_scales_packed": w_scales_packed, "bias": inputs["bias"]}
 
-    return SimpleNamespace(
-        VARIANTS=table,
-        tier_of=tier_of,
-        prepare=prepare,
-        mxfp8_gemm=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, outputs),
-    )
+    op = host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, outputs)
+    op.max_tokens = max_tokens
+    return SimpleNamespace(VARIANTS=table, tier_of=tier_of, prepare=prepare, mxfp8_gemm=op, max_tokens=max_tokens)
 
 
-def variants(N: int, K: int, shape_token: str, tiers: dict) -> dict:
-    """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up."""
+# Set to 1 (before import) to let each tier sum K in its own split, as before issue 19: a few percent fewer
+# instructions in the tiers that run several K chunks in one wave, and fewer VGPRs, but a row's bits then
+# depend on the token count (not batch invariant). Unset: every tier sums in the package's CHUNK_STEPS.
+BATCH_VARIANT_ENV = "AMD_KERNELS_GEMM_BATCH_VARIANT"
+
+
+def variants(N: int, K: int, shape_token: str, tiers: dict, chunk: int | None = None) -> dict:
+    """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up. `chunk`: 128-K steps
+    per K chunk, shared by every tier (mxfp8_gemm.build); ignored under BATCH_VARIANT_ENV=1."""
+    import os
+
     import flydsl.expr as fx
 
+    if os.environ.get(BATCH_VARIANT_ENV, "") == "1":
+        chunk = None
     out = {}
     for name, tier in tiers.items():
-        launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier)
+        launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier, chunk)
 
         def example(m: int = 1):
             return (torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),

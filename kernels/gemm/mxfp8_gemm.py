@@ -15,6 +15,13 @@ Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N,
 
 Kernel (grid x = feature tile, y = token tile; no scratch). Two kinds of tier (`Tier.lds`):
 
+K chunks (batch invariance): every tier of one shape sums K in the same fixed chunks of `chunk` 128-K steps
+(the package's CHUNK_STEPS, the per-wave share of its most split tier; default all of K): each chunk's MFMA
+chain starts from zero and the chunk sums are added in chunk order, c0 + c1 + ... (fp32 adds), through LDS
+where waves split K and in registers where one wave runs several chunks. So a token's bits do not depend on
+which tier its batch size picks. The cost where one wave runs several chunks: 4 more VGPRs per 16 x 16
+accumulator block and 2 `v_pk_add_f32` per block per chunk boundary.
+
 Direct (lds=False; decode and mid tiers): `waves` waves per workgroup, tile 16*mc tokens x 16*nb features.
 - Its waves split K: wave w runs the contiguous MFMA steps [w*sps, (w+1)*sps) over the whole tile. The MFMA
   computes D = W_tile (A operand, 16 features) x X_tile^T (B operand, 16 tokens), so a lane's 4 results are
@@ -24,10 +31,11 @@ Direct (lds=False; decode and mid tiers): `waves` waves per workgroup, tile 16*m
   `buffer_load_ubyte` (rows are K/32 bytes, not 4-byte aligned). Offsets at k >= K (the K tail's missing
   half, and the last wave's empty steps) are pushed out of range, so they read zeros: never a byte of the
   next row (which may be a garbage padding row holding NaN codes). Rows >= M read zeros and store nothing.
-- waves > 1 (split-K inside the workgroup): every wave writes its fp32 accumulators to LDS (waves x
-  nb*mc KiB), one barrier, then wave w sums accumulator blocks w, w + waves, ... over the waves' partials in
-  wave order 0, 1, ..., waves-1 (fixed, so bitwise deterministic) and runs the epilogue for them. No
-  atomics, no partials in global memory, no second launch. waves = 1 runs the epilogue from registers.
+- waves > 1 (split-K inside the workgroup; sps a multiple of the chunk): every wave writes its chunks' fp32
+  accumulators to LDS (waves x sps/chunk x nb*mc KiB), one barrier, then wave w sums accumulator blocks w,
+  w + waves, ... over the chunks in chunk order (fixed, so bitwise deterministic) and runs the epilogue for
+  them. No atomics, no partials in global memory, no second launch. waves = 1 runs the epilogue from
+  registers.
 
 LDS-sharing (lds=True; prefill tiers): 4 waves in a 2 x 2 grid, tile 32*mc tokens x 32*nb features; wave
 (wy, wx) = (w // 2, w % 2) computes token blocks [wy*mc, (wy+1)*mc) x feature blocks [wx*nb, (wx+1)*nb)
@@ -93,6 +101,7 @@ class _Shape:
     K: int
     mb: int  # 16-token blocks per workgroup tile
     tb: int  # 16-feature blocks per workgroup tile
+    chunk: int  # 128-K steps per K chunk (every tier of a shape sums K in the same chunks, in chunk order)
 
     @property
     def KB(self):
@@ -146,17 +155,30 @@ def _store_block(shape: _Shape, y, bias4, blk, row, lane, m, o_rsrc):
     buffer.store(v, o_rsrc, (row < m).select((row * shape.N + _feature0(blk, lane)) * 2, fx.Int32(OOB)))
 
 
+def _fold(chunks: list, accs: list, running: bool) -> list:
+    """A K chunk's accumulators `accs` ends. running: keep one running sum, chunk 0 as is, then + each chunk
+    in chunk order (fp32 adds); otherwise keep the chunk as its own partial (summed later through LDS)."""
+    if not running:
+        return chunks + [accs]
+    if not chunks:
+        return [accs]
+    return [[chunks[0][b] + accs[b] for b in range(len(accs))]]
+
+
 def _kernel_direct(shape: _Shape, name: str, tier: Tier):
     """waves split K; each wave loads its operands straight from global memory (see the module docstring)."""
     mc, nb, sps, waves = tier.mc, tier.nb, tier.sps, tier.waves
     STEPS, K, KB = shape.STEPS, shape.K, shape.KB
     assert (waves - 1) * sps < STEPS <= waves * sps, f"{waves} waves x {sps} steps do not cover {STEPS} steps"
+    chunk = shape.chunk
+    assert waves == 1 or sps % chunk == 0, f"{sps} steps per wave do not start on {chunk}-step chunks"
+    cpw = -(-sps // chunk)  # K chunks per wave
     blocks = nb * mc  # 16 x 16 accumulator blocks per tile, block b = j * mc + c
     guard_k = (K % mx_gemm.STEP_K != 0) or (waves * sps != STEPS)  # some (lane, step) has k >= K
 
     @fx.struct
     class Lds:
-        part: fx.Array[fx.Float32, waves * blocks * 4 * LANES, 16]
+        part: fx.Array[fx.Float32, waves * cpw * blocks * 4 * LANES, 16]
 
     @flyc.kernel(name=f"mxfp8_gemm_{name}", known_block_size=[waves * LANES, 1, 1])
     def k_gemm(x: fx.Tensor, xs: fx.Tensor, w: fx.Tensor, ws: fx.Tensor, bias: fx.Tensor, out: fx.Tensor,
@@ -173,7 +195,11 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
 
         rows = [mt * shape.tile_m + 16 * c + r for c in range_constexpr(mc)]
         accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
+        chunks = []  # this wave's finished K chunks (waves > 1) or [their running sum in chunk order] (waves = 1)
         for i in range_constexpr(sps):
+            if i > 0 and i % chunk == 0:  # a K chunk ends: every chunk's MFMA chain starts from zero
+                chunks = _fold(chunks, accs, waves == 1)
+                accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
             s = wv * sps + i if waves > 1 else i  # 128-K step: wave wv owns steps [wv*sps, (wv+1)*sps)
             xops, xsc = [], []
             k_lo = s * mx_gemm.STEP_K + g * 16
@@ -193,26 +219,30 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
                 for c in range_constexpr(mc):
                     accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
 
+        chunks = _fold(chunks, accs, waves == 1)
         b_rsrc = buffer.tensor_resource(bias, shape.N * 2)
         o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (shape.N * 2))
         if waves == 1:
             for j in range_constexpr(nb):
                 bias4 = _load_bias(b_rsrc, nt * nb + j, lane)
                 for c in range_constexpr(mc):
-                    _store_block(shape, accs[j * mc + c], bias4, nt * nb + j, rows[c], lane, m, o_rsrc)
+                    _store_block(shape, chunks[0][j * mc + c], bias4, nt * nb + j, rows[c], lane, m, o_rsrc)
         else:
             lds = fx.SharedAllocator().allocate(Lds).peek()
-            part = lds.part.view(fx.make_layout(waves * blocks * 4 * LANES, 1))
-            for b in range_constexpr(blocks):
-                for reg in range_constexpr(4):
-                    fx.memref_store(accs[b][reg], part, ((wv * blocks + b) * 4 + reg) * LANES + lane)
+            part = lds.part.view(fx.make_layout(waves * cpw * blocks * 4 * LANES, 1))
+            for lc in range_constexpr(cpw):  # slot of K chunk q = wv * cpw + lc
+                for b in range_constexpr(blocks):
+                    for reg in range_constexpr(4):
+                        slot = ((wv * cpw + lc) * blocks + b) * 4 + reg
+                        fx.memref_store(chunks[lc][b][reg], part, slot * LANES + lane)
             gpu.barrier()
-            # Wave wv sums blocks wv, wv + waves, ... over the waves' partials in wave order 0, 1, ... (fixed).
+            # Wave wv sums blocks wv, wv + waves, ... over the K chunks in chunk order 0, 1, ... (fixed, and
+            # the order a one-wave tier adds them in).
             for t in range_constexpr(-(-blocks // waves)):
                 b = wv + t * waves
                 if b < blocks:  # (always true when waves divides blocks)
                     tot = [None] * 4
-                    for src in range_constexpr(waves):
+                    for src in range_constexpr(waves * cpw):
                         for reg in range_constexpr(4):
                             v = fx.memref_load(part, ((src * blocks + b) * 4 + reg) * LANES + lane)
                             tot[reg] = v if src == 0 else tot[reg] + v
@@ -271,7 +301,11 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
                                    fx.ptr_load(slab(q + 1), result_type=T.i32x4))
 
         accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
+        total = []  # the running sum of the finished K chunks, in chunk order
         for s in range_constexpr(STEPS):
+            if s > 0 and s % shape.chunk == 0:  # a K chunk ends: every chunk's MFMA chain starts from zero
+                total = _fold(total, accs, True)
+                accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
             tail = guard_k and s == STEPS - 1
             k = s * mx_gemm.STEP_K + wx * mx_gemm.HALF_K + g * 16
             a_in = [buffer.load_x4(x_rsrc, _x_offset(shape, row, k, tail)) for row in ld_rows]
@@ -292,21 +326,26 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
                 for c in range_constexpr(mc):
                     accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
 
+        total = _fold(total, accs, True)[0]
         b_rsrc = buffer.tensor_resource(bias, shape.N * 2)
         o_rsrc = buffer.tensor_resource(out, fx.Int64(m) * (shape.N * 2))
         for j in range_constexpr(nb):
             bias4 = _load_bias(b_rsrc, blks[j], lane)
             for c in range_constexpr(mc):
-                _store_block(shape, accs[j * mc + c], bias4, blks[j], rows[c], lane, m, o_rsrc)
+                _store_block(shape, total[j * mc + c], bias4, blks[j], rows[c], lane, m, o_rsrc)
 
     return k_gemm
 
 
-def build(N: int, K: int, name: str, tier: Tier):
-    """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`."""
+def build(N: int, K: int, name: str, tier: Tier, chunk: int | None = None):
+    """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`. `chunk`: 128-K steps
+    per K chunk, the same for every tier of a shape; None: the tier's own split (one chunk per wave: not batch
+    invariant when the tiers of a shape split K differently)."""
     assert N % 16 == 0 and K % mx_gemm.HALF_K == 0
     side = 2 if tier.lds else 1  # waves per tile side
-    shape = _Shape(N, K, mb=side * tier.mc, tb=side * tier.nb)
+    if chunk is None:
+        chunk = tier.sps if tier.waves > 1 and not tier.lds else steps(K)
+    shape = _Shape(N, K, mb=side * tier.mc, tb=side * tier.nb, chunk=chunk)
     assert N % (16 * shape.tb) == 0, f"N {N} is not a multiple of the tile width {16 * shape.tb}"
     n_tiles = N // (16 * shape.tb)
     tile_m = shape.tile_m

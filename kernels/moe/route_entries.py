@@ -18,6 +18,7 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
 
     def outputs(x, router_weight, router_bias, top_k):
         """The checks and the outputs, shared by the entry and its fake (host.custom_op)."""
+        host.check_tokens("x", x, max_tokens)
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         host.check_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(experts, hidden), like=x)
         host.check_tensor("router_bias", router_bias, dtype=torch.bfloat16, shape=(experts,), like=x)
@@ -35,5 +36,8 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
         return weights, ids
 
     globals_top_k = top_k
+    max_tokens = host.max_tokens_for(hidden * 2)  # i32 byte offsets into x [M, hidden] bf16
 
-    return SimpleNamespace(VARIANTS=table, route=host.custom_op(f"amd_kernels::{shape_token}_route", route, outputs))
+    op = host.custom_op(f"amd_kernels::{shape_token}_route", route, outputs)
+    op.max_tokens = max_tokens
+    return SimpleNamespace(VARIANTS=table, route=op)

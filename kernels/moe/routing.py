@@ -7,7 +7,8 @@ One workgroup (4 waves) owns 16 token rows; grid = ceil(M / 16), M a runtime i32
   Token rows past M read zeros (the descriptor over x ends at M rows); they are never stored.
 - Each logit gets the bias in fp32, is rounded to bf16 (RNE), and becomes a sortable key
   (order-preserving 16-bit image of the bf16 << 8 | 255 - expert): the max key is the largest logit and,
-  among equal logits, the lowest id. NaN logits (garbage padding rows) still give ids in [0, E).
+  among equal logits, the lowest id. A NaN logit gets image 0, below -inf: it ranks last (lowest id first
+  among NaNs), and a row of NaN logits (garbage padding rows) still gives ids in [0, E), weights NaN.
 - Keys go to LDS [16][E]; wave w then picks top-k for tokens 4w..4w+3, one 16-lane DPP row per token,
   lane r holding experts 8r..8r+7: k rounds of (max of 8, row max by DPP, knock the winner out).
 - Softmax over the k logits in fp32 (v_exp_f32 on (l - max) * log2(e)); lane 0 of each row stores.
@@ -31,9 +32,11 @@ K_GROUP = 6  # K-steps whose loads are issued together (double-buffered)
 
 
 def _ord16(bits):
-    """bf16 bits (i32, 0..0xffff) -> 16-bit unsigned image with the float order."""
+    """bf16 bits (i32, 0..0xffff) -> 16-bit unsigned image with the float order; NaN (either sign) -> 0,
+    below -inf (0x007F), so a NaN logit ranks last, as in the reference."""
     neg = (bits & 0x8000) != 0
-    return neg.select(bits ^ 0xFFFF, bits | 0x8000)
+    nan = (bits & 0x7FFF) > 0x7F80
+    return nan.select(fx.Int32(0), neg.select(bits ^ 0xFFFF, bits | 0x8000))
 
 
 def _bf16_of_ord16(o):

@@ -34,6 +34,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
 
     def check(x, weight, residual=None) -> int:
+        host.check_tokens("x", x, host.ROW_KERNEL_MAX_TOKENS)  # one descriptor per row
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         tokens = x.shape[0]
         if residual is not None:
@@ -101,8 +102,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         return q, scales, residual_out
 
     ns = f"amd_kernels::{shape_token}_"
-    return SimpleNamespace(
-        VARIANTS=table,
+    ops = dict(
         rmsnorm=host.custom_op(ns + "rmsnorm", rmsnorm, outputs_rmsnorm),
         fused_add_rmsnorm=host.custom_op(ns + "fused_add_rmsnorm", fused_add_rmsnorm, outputs_fused_add),
         rmsnorm_mxfp8=host.custom_op(ns + "rmsnorm_mxfp8", rmsnorm_mxfp8, outputs_mx),
@@ -110,3 +110,6 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
             ns + "fused_add_rmsnorm_mxfp8", fused_add_rmsnorm_mxfp8, outputs_fused_add_mx
         ),
     )
+    for op in ops.values():
+        op.max_tokens = host.ROW_KERNEL_MAX_TOKENS
+    return SimpleNamespace(VARIANTS=table, **ops)

@@ -24,7 +24,8 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
         return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
 
     def outputs(x):
-        """The check and the outputs, shared by the entry and its fake (host.custom_op)."""
+        """The checks and the outputs, shared by the entry and its fake (host.custom_op)."""
+        host.check_tokens("x", x, host.ROW_KERNEL_MAX_TOKENS)  # one descriptor per row
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, K))
         return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
                 torch.empty((x.shape[0], K // 32), dtype=torch.uint8, device=x.device))
@@ -38,5 +39,6 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
             table[tier(tokens)](x, q, scales, tokens, stream)
         return q, scales
 
-    return SimpleNamespace(VARIANTS=table,
-                           mxfp8_quant=host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, outputs))
+    op = host.custom_op(f"amd_kernels::{shape_token}_mxfp8_quant", mxfp8_quant, outputs)
+    op.max_tokens = host.ROW_KERNEL_MAX_TOKENS  # one descriptor per row
+    return SimpleNamespace(VARIANTS=table, mxfp8_quant=op)

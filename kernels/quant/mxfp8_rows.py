@@ -45,7 +45,7 @@ def build(K: int, tier: str):
             for j in range_constexpr(slots):
                 y = bf16.unpack(xs[j])
                 byte, inv_scale = mxfp8.block_scale(y)
-                buffer.store(mxfp8.e4m3x8(y, inv_scale), q_rsrc, (lane + j * wave.WAVE) * 8)
+                buffer.store(mxfp8.e4m3x8(y, inv_scale, nan=True), q_rsrc, (lane + j * wave.WAVE) * 8)
                 s_off = leader.select(j * (wave.WAVE // mxfp8.LANES_PER_BLOCK) + lane // mxfp8.LANES_PER_BLOCK,
                                       buffer.never_in_range())
                 buffer.store_byte(byte, s_rsrc, s_off)

@@ -28,4 +28,7 @@ TIERS = {
     "mid": Tier(512, mc=2, nb=1, sps=23),
     "prefill": Tier(1 << 31, mc=4, nb=2, sps=23, waves=4, lds=True),
 }
-VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS)
+# Every tier sums K in chunks of CHUNK_STEPS 128-K steps, each chunk's MFMA chain from zero, the chunks added
+# in chunk order (the smallest tier's split across waves), so a row's bits do not depend on the tier.
+CHUNK_STEPS = 3
+VARIANTS = mxfp8_entries.variants(N, K, SHAPE_TOKEN, TIERS, CHUNK_STEPS)

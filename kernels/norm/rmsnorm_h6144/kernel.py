@@ -110,7 +110,7 @@ def _store_mxfp8(lane, row, r, ws, rstd, q_t, s_t):
     for j in range_constexpr(SLOTS):
         y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
         byte, inv_scale = mxfp8.block_scale(y)
-        buffer.store(mxfp8.e4m3x8(y, inv_scale), q_rsrc, lane * VEC + j * Q_SLOT_BYTES)
+        buffer.store(mxfp8.e4m3x8(y, inv_scale, nan=True), q_rsrc, lane * VEC + j * Q_SLOT_BYTES)
         s_off = quad_leader.select(j * SCALES_PER_SLOT + lane // mxfp8.LANES_PER_BLOCK, buffer.never_in_range())
         buffer.store_byte(byte, s_rsrc, s_off)
 
