@@ -1,10 +1,11 @@
 """Calibrate the cost model (benchmarks/costmodel.py) on published MI355X timings of FlyDSL kernels.
 
-    FLYDSL_SRC=/path/to/FlyDSL ./env.sh python3 -m benchmarks.calibrate [--emulate] [--write] [--only NAME]
+    FLYDSL_SRC=/path/to/FlyDSL AITER_SRC=/path/to/aiter ./env.sh python3 -m benchmarks.calibrate [--emulate] [--write]
 
-Points (benchmarks/calibration_points.csv, each with its source): kernels from ROCm/FlyDSL that AITER's tuned
-tables time on MI355X (gfx950, 256 CUs), at the tabled shape and tile. --emulate runs the missing points
-through our emulator from a FlyDSL checkout (FLYDSL_SRC or --flydsl; nothing of it is committed) and caches
+Points (benchmarks/calibration_points.csv, each with its source): FlyDSL kernels that AITER's tuned tables or
+FlyDSL's PRs time on MI355X (gfx950, 256 CUs), at the published shape and tile. --emulate runs the missing
+points through our emulator from a FlyDSL checkout (FLYDSL_SRC or --flydsl) and, for the MoE kernels that live
+in AITER, an AITER checkout (AITER_SRC or --aiter); nothing of either is committed. It caches
 each point's per-launch counters in .cache/costmodel/<point>.json, so the fit reruns without emulating. Big
 grids run a seeded sample of workgroups (counters are per workgroup, scaled to the grid by the model).
 The fit (log-ratio least squares, coordinate search) uses every point but one in three; the held-out third
@@ -32,9 +33,20 @@ SAMPLE_ABOVE = 128     # workgroups; bigger grids run a sample
 SAMPLE = 12
 
 
+def _kv(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(";")):
+        k, v = item.split("=")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
+
+
 def load_points() -> list[dict]:
     with open(POINTS) as f:
-        return [r for r in csv.DictReader(f)]
+        rows = [r for r in csv.DictReader(f)]
+    for r in rows:
+        r["shape"], r["config"] = _kv(r["shape"]), _kv(r["config"])
+    return rows
 
 
 def held_out(i: int) -> bool:
@@ -50,18 +62,19 @@ def _fp8_gemm(p: dict, flydsl: Path) -> dict:
         sys.path.insert(0, str(flydsl))
     from kernels.gemm.preshuffle_gemm import compile_preshuffle_gemm
 
-    M, N, K = int(p["M"]), int(p["N"]), int(p["K"])
-    fn = compile_preshuffle_gemm(N=N, K=K, tile_m=int(p["tile_m"]), tile_n=int(p["tile_n"]), tile_k=int(p["tile_k"]),
-                                 in_dtype="fp8", out_dtype="bf16", use_async_copy=bool(int(p["async_copy"])),
-                                 waves_per_eu=int(p["waves_per_eu"]) or None, xcd_swizzle=int(p["xcd_swizzle"]),
-                                 lds_stage=int(p["lds_stage"]))
+    M, N, K = (p["shape"][k] for k in "MNK")
+    c = p["config"]
+    fn = compile_preshuffle_gemm(N=N, K=K, tile_m=c["tile_m"], tile_n=c["tile_n"], tile_k=c["tile_k"],
+                                 in_dtype="fp8", out_dtype="bf16", use_async_copy=bool(c["async_copy"]),
+                                 waves_per_eu=c["waves_per_eu"] or None, xcd_swizzle=c["xcd_swizzle"],
+                                 lds_stage=c["lds_stage"])
     g = torch.Generator().manual_seed(0)
     # Counters do not depend on the values (no data-dependent control flow): small random codes suffice.
     a = torch.randint(0, 64, (M * K,), dtype=torch.uint8, generator=g).view(torch.int8)
     b = torch.randint(0, 64, (N * K,), dtype=torch.uint8, generator=g).view(torch.int8)
     c = torch.zeros(M * N, dtype=torch.bfloat16)
     sa, sb, bias = torch.ones(M), torch.ones(N), torch.empty(0, dtype=torch.bfloat16)
-    wgs = -(-M // int(p["tile_m"])) * (N // int(p["tile_n"]))
+    wgs = -(-M // c["tile_m"]) * (N // c["tile_n"])
     opts = dict(workgroup_sample=SAMPLE, sample_seed=0) if wgs > SAMPLE_ABOVE else {}
     fn(c, a, b, sa, sb, bias, M, N, None)  # compile + load outside the recorded run
     with emulator.options(**opts), emulator.launches() as recs:
@@ -72,8 +85,7 @@ def _fp8_gemm(p: dict, flydsl: Path) -> dict:
 
 
 def _flash_attn(p: dict, flydsl: Path) -> dict:
-    """FlyDSL's gfx950 dual-wave flash attention forward (BSHD bf16), point fields: M=batch, N=seq, K=heads,
-    tile_m=kv heads, tile_n=head dim, tile_k=causal (1/0)."""
+    """FlyDSL's gfx950 dual-wave flash attention forward (BSHD bf16)."""
     import torch
     from harness import emulator
     from benchmarks import costmodel
@@ -82,7 +94,7 @@ def _flash_attn(p: dict, flydsl: Path) -> dict:
         sys.path.insert(0, str(flydsl))
     from kernels.attention.flash_attn_gfx950 import build_flash_attn_dualwave_swp_module
 
-    B, S, H, HKV, D, causal = (int(p[k]) for k in ("M", "N", "K", "tile_m", "tile_n", "tile_k"))
+    B, S, H, HKV, D, causal = (p["shape"][k] for k in ("B", "S", "H", "HKV", "D", "causal"))
     exe = build_flash_attn_dualwave_swp_module(H, D, causal=bool(causal), dtype_str="bf16", num_kv_heads=HKV)
     g = torch.Generator().manual_seed(0)
     q = (torch.rand(B, S, H, D, generator=g) * 2 - 1).bfloat16()
@@ -95,10 +107,87 @@ def _flash_attn(p: dict, flydsl: Path) -> dict:
     return {"launches": launches, "dram_bytes": [2 * B * S * D * (2 * H + 2 * HKV)]}
 
 
-RUNNERS = {"fp8_preshuffle_gemm": _fp8_gemm, "flash_attn_gfx950": _flash_attn}
+def _aiter_package(aiter: Path) -> None:
+    """Import AITER's FlyDSL MoE modules from a checkout without running aiter/__init__.py (which loads its
+    compiled extensions): bare package objects for the parents, a small dtypes namespace."""
+    import logging
+    import types
+
+    import torch
+
+    def pkg(name, path=None):
+        m = sys.modules.get(name) or types.ModuleType(name)
+        if path is not None:
+            m.__path__ = [str(path)]
+        sys.modules[name] = m
+        return m
+
+    root = pkg("aiter", aiter / "aiter")
+    root.logger = logging.getLogger("aiter")
+    pkg("aiter.ops", aiter / "aiter" / "ops")
+    util = pkg("aiter.utility", aiter / "aiter" / "utility")
+    d = pkg("aiter.utility.dtypes")
+    d.fp8, d.fp4x2, d.fp8_e8m0 = torch.float8_e4m3fn, torch.float4_e2m1fn_x2, torch.float8_e8m0fnu
+    d.bf16, d.fp16, d.fp32, d.i32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
+    util.dtypes = d
+    pkg("aiter.ops.flydsl", aiter / "aiter" / "ops" / "flydsl")
+    torch.cuda.current_stream = lambda *a, **k: None   # CPU torch has no streams; the launch takes none
 
 
-def emulate(points, flydsl: Path, only=None) -> None:
+def _moe_sorted(ids, experts: int, topk: int, block_m: int):
+    """Routing buffers in AITER's moe_sorting format: per expert, its (slot << 24 | token) pairs padded to
+    block_m with the sentinel (topk << 24 | tokens); one expert id per block; [padded rows, tokens]."""
+    import torch
+
+    tokens = ids.shape[0]
+    sid, eid = [], []
+    for e in range(experts):
+        t, k = torch.where(ids == e)
+        if not len(t):
+            continue
+        n = -(-len(t) // block_m) * block_m
+        sid += ((k.to(torch.int32) << 24) | t.to(torch.int32)).tolist() + [(topk << 24) | tokens] * (n - len(t))
+        eid += [e] * (n // block_m)
+    return (torch.tensor(sid, dtype=torch.int32), torch.tensor(eid, dtype=torch.int32),
+            torch.tensor([len(sid)], dtype=torch.int32))
+
+
+def _moe_a8w4_stage1(p: dict, aiter: Path) -> dict:
+    """AITER's FlyDSL a8w4 MoE gate-up GEMM (fp8 activations x MXFP4 weights, fused SwiGLU and fp8 quant),
+    gate/up interleaved, random distinct top-k experts per token (the tuner's routing is random too)."""
+    import torch
+    from harness import emulator
+    from benchmarks import costmodel
+
+    _aiter_package(aiter)
+    from aiter.ops.flydsl import moe_kernels
+
+    sh, c = p["shape"], p["config"]
+    T, H, I, E, topk = sh["tokens"], sh["model_dim"], sh["inter_dim"], sh["experts"], sh["topk"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)]).to(torch.int32)
+    sid, eid, nvalid = _moe_sorted(ids, E, topk, c["tile_m"])
+    a = torch.zeros(T, H, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    a_scale = torch.full(((-(-T // 256) + 1) * 256 * H // 32,), 127, dtype=torch.uint8)
+    w1 = torch.empty(E, 2 * I, H // 2, dtype=torch.uint8)      # values do not change the counters
+    w1_scale = torch.full((E * 2 * I * H // 32,), 127, dtype=torch.uint8)
+    opts = dict(workgroup_sample=SAMPLE, sample_seed=0) if T > 1 else {}
+    with emulator.options(**opts), emulator.launches() as recs:
+        moe_kernels.flydsl_moe_stage1(a, w1, sid, eid, nvalid, topk=topk, tile_m=c["tile_m"], tile_n=c["tile_n"],
+                                      tile_k=c["tile_k"], a_dtype="fp8", b_dtype="fp4", out_dtype="fp8",
+                                      act="swiglu", w1_scale=w1_scale, a1_scale=a_scale,
+                                      waves_per_eu=c["waves_per_eu"], b_nt=c["b_nt"], gate_mode="interleave")
+    launches = [costmodel.launch_from_record(r) for r in recs]
+    used = len(torch.unique(ids))
+    dram = used * (2 * I * H // 2 + 2 * I * H // 32) + T * H * 33 // 32 + T * topk * I * 33 // 32
+    return {"launches": launches, "dram_bytes": [dram] if any(L["sampled"] for L in launches) else None}
+
+
+RUNNERS = {"fp8_preshuffle_gemm": _fp8_gemm, "flash_attn_gfx950": _flash_attn, "aiter_moe_a8w4_stage1": _moe_a8w4_stage1}
+NEEDS_AITER = {"aiter_moe_a8w4_stage1"}
+
+
+def emulate(points, flydsl: Path, aiter: Path, only=None) -> None:
     sys.path.insert(0, str(REPO))
     from harness import emulator
 
@@ -109,7 +198,10 @@ def emulate(points, flydsl: Path, only=None) -> None:
         if out.exists() or (only and p["point"] not in only):
             continue
         t0 = time.time()
-        res = RUNNERS[p["kind"]](p, flydsl)
+        if p["kind"] in NEEDS_AITER and not (aiter / "aiter" / "ops" / "flydsl").is_dir():
+            print(f"skipped {p['point']}: no AITER checkout at {aiter} (set AITER_SRC)", flush=True)
+            continue
+        res = RUNNERS[p["kind"]](p, aiter if p["kind"] in NEEDS_AITER else flydsl)
         res["emulated_seconds"] = time.time() - t0
         out.write_text(json.dumps(res))
         print(f"emulated {p['point']} in {res['emulated_seconds']:.1f} s", flush=True)
@@ -135,7 +227,8 @@ def _loss(pairs, fit) -> float:
 
 
 # Search ranges of the fitted constants (physical bounds: a launch costs 0-10 us, an exposed wait 0-2000 cycles).
-BOUNDS = {"launch_us": (0.0, 10.0), "wait_cycles": (0.0, 2000.0), "hbm_efficiency": (0.4, 1.0), "overlap": (0.0, 1.0)}
+BOUNDS = {"launch_us": (0.0, 10.0), "wait_cycles": (0.0, 2000.0), "barrier_cycles": (0.0, 4000.0), "hbm_efficiency": (0.4, 1.0), "overlap": (0.0, 1.0),
+          "cu_bytes_per_clk": (4.0, 64.0)}
 
 
 def fit_constants(pairs):
@@ -179,6 +272,8 @@ def table(rows, fit) -> tuple[str, dict]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flydsl", default=os.environ.get("FLYDSL_SRC", "/tmp/fly"), help="FlyDSL source checkout")
+    ap.add_argument("--aiter", default=os.environ.get("AITER_SRC", "/tmp/aiter"),
+                    help="AITER source checkout (its FlyDSL MoE kernels)")
     ap.add_argument("--emulate", action="store_true", help="emulate points missing from the cache")
     ap.add_argument("--only", help="comma-separated point names to emulate")
     ap.add_argument("--write", action="store_true", help="write the fitted constants to benchmarks/costmodel_fit.py")
@@ -186,7 +281,7 @@ def main(argv=None) -> None:
     sys.path.insert(0, str(REPO))
     points = load_points()
     if args.emulate:
-        emulate(points, Path(args.flydsl), set(args.only.split(",")) if args.only else None)
+        emulate(points, Path(args.flydsl), Path(args.aiter), set(args.only.split(",")) if args.only else None)
     idx = {p["point"]: i for i, p in enumerate(points)}
     cached = load_cached(points)
     if not cached:

@@ -13,9 +13,10 @@ and the kernel's code object (VGPRs, AGPRs, LDS: the waves per SIMD they allow):
   issue           per SIMD, the largest of 4 cycles per VALU / SALU / VMEM / LDS wave-instruction (one issue
                   per type per SIMD every 4 cycles) and the MFMA pipe's cycles (FLOPs / the form's rate);
   latency         rounds of resident waves (occupancy) x each wave's serial time: 4 cycles per instruction
-                  plus an exposed wait per s_waitcnt (fitted) - what decides launches with few waves in flight;
+                  plus an exposed wait per s_waitcnt and per s_barrier (fitted) - what decides launches with
+                  few waves in flight and shallow load pipelines;
   LDS             bytes / 128 B per clock per CU plus the bank-conflict cycles;
-  CU memory       global bytes the busiest CU issues / its L2 bandwidth (64 B per clock);
+  CU memory       global bytes the busiest CU issues / what a CU sustains (fitted; peak 64 B per clock);
   chip memory     distinct bytes (DRAM-like) / HBM 8 TB/s x a fitted efficiency; bytes issued / the L2's;
   launch          time = the largest term + a fitted share of the second (imperfect overlap) + a fitted
                   per-launch cost inside a graph (launch gap, ramp, first-wave latency).
@@ -42,7 +43,7 @@ HBM_BYTES_PER_S = 8e12      # MI355X product page: 8 TB/s HBM3E
 LLC_BYTES = 256 << 20       # MI355X product page: 256 MB Infinity Cache (not modelled: inputs rotate past it)
 ISSUE_CYCLES = 4            # GCN/CDNA: a SIMD issues one instruction per type every 4 cycles (16-lane SIMD, wave64)
 LDS_BYTES_PER_CLK_CU = 128  # CDNA3 whitepaper: 128 B/clk LDS bandwidth per CU (UNSURE for gfx950's wider reads)
-L2_BYTES_PER_CLK_CU = 64    # CDNA3 whitepaper: 64 B/clk per CU from L2 (UNSURE for gfx950)
+L2_BYTES_PER_CLK_CU_PEAK = 64  # CDNA3 whitepaper: 64 B/clk per CU from L2 (the fitted figure below is what a CU sustains)
 L2_BYTES_PER_CLK_XCD = 2048  # CDNA3 whitepaper: L2 128 B/clk x 16 channels per XCD; 8 XCDs
 XCDS = 8
 # Dense MFMA FLOP per clock per CU by operand type (MI355X product page peaks / (256 CUs x 2.4 GHz)):
@@ -58,8 +59,10 @@ class Fitted:
     """Constants fitted by benchmarks/calibrate.py (see benchmarks/README.md for the table and its error)."""
     launch_us: float = 2.0      # per launch inside a graph: gap, dispatch ramp, first loads, last stores
     wait_cycles: float = 300.0  # exposed cycles per s_waitcnt of a wave when its SIMD has nothing else to run
+    barrier_cycles: float = 0.0  # exposed cycles per s_barrier (a pipeline stage that waits for its loads)
     hbm_efficiency: float = 0.8  # fraction of 8 TB/s a streaming kernel reaches
     overlap: float = 0.3        # share of the second-largest term that does not overlap the largest
+    cu_bytes_per_clk: float = 64.0  # global bytes one CU sustains per clock (peak 64: L2_BYTES_PER_CLK_CU_PEAK)
 
 
 FITTED = Fitted()  # replaced by calibrate.py's output below when present
@@ -166,7 +169,7 @@ def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None 
                 cyc * waves_simd * per_wave.get("lds", 0),
                 waves_simd * mfma_cyc_wave)
     serial = cyc * n_instr_wave + max(0.0, mfma_cyc_wave - cyc * per_wave.get("mfma", 0)) / max(1, resident_simd) \
-        + fit.wait_cycles * per_wave.get("waitcnt", 0)
+        + fit.wait_cycles * per_wave.get("waitcnt", 0) + fit.barrier_cycles * per_wave.get("barrier", 0)
     latency = rounds * serial
 
     per_wg = {k: c.get(k, 0) / ran for k in ("global_load_bytes", "global_store_bytes", "global_atomic_bytes",
@@ -175,7 +178,7 @@ def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None 
     issued_wg = per_wg["global_load_bytes"] + per_wg["global_store_bytes"] + per_wg["global_atomic_bytes"]
     lds = wg_cu * ((per_wg["lds_read_bytes"] + per_wg["lds_write_bytes"]) / LDS_BYTES_PER_CLK_CU
                    + per_wg["lds_bank_conflicts"] / SIMDS_PER_CU)
-    cu_mem = wg_cu * issued_wg / L2_BYTES_PER_CLK_CU
+    cu_mem = wg_cu * issued_wg / fit.cu_bytes_per_clk
     terms_cyc = {"issue": issue, "latency": latency, "lds": lds, "cu_memory": cu_mem}
     terms = {k: v / CLOCK_HZ * 1e6 for k, v in terms_cyc.items()}
 
