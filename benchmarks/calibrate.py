@@ -176,15 +176,53 @@ def _moe_a8w4_stage1(p: dict, aiter: Path) -> dict:
         moe_kernels.flydsl_moe_stage1(a, w1, sid, eid, nvalid, topk=topk, tile_m=c["tile_m"], tile_n=c["tile_n"],
                                       tile_k=c["tile_k"], a_dtype="fp8", b_dtype="fp4", out_dtype="fp8",
                                       act="swiglu", w1_scale=w1_scale, a1_scale=a_scale,
-                                      waves_per_eu=c["waves_per_eu"], b_nt=c["b_nt"], gate_mode="interleave")
+                                      waves_per_eu=c["waves_per_eu"], b_nt=c["b_nt"], gate_mode="interleave",
+                                      xcd_swizzle=c.get("xcd_swizzle", 0), k_wave=c.get("k_wave", 1))
     launches = [costmodel.launch_from_record(r) for r in recs]
     used = len(torch.unique(ids))
     dram = used * (2 * I * H // 2 + 2 * I * H // 32) + T * H * 33 // 32 + T * topk * I * 33 // 32
     return {"launches": launches, "dram_bytes": [dram] if any(L["sampled"] for L in launches) else None}
 
 
-RUNNERS = {"fp8_preshuffle_gemm": _fp8_gemm, "flash_attn_gfx950": _flash_attn, "aiter_moe_a8w4_stage1": _moe_a8w4_stage1}
-NEEDS_AITER = {"aiter_moe_a8w4_stage1"}
+def _moe_a8w4_stage2(p: dict, aiter: Path) -> dict:
+    """AITER's FlyDSL a8w4 MoE down GEMM (fp8 sorted intermediate x MXFP4 weights) with its epilogue as tuned:
+    atomic accumulation into the output, or per-pair rows and AITER's reduce kernel (a second launch)."""
+    import torch
+    from harness import emulator
+    from benchmarks import costmodel
+
+    _aiter_package(aiter)
+    from aiter.ops.flydsl import moe_kernels
+
+    sh, c = p["shape"], p["config"]
+    T, H, I, E, topk = sh["tokens"], sh["model_dim"], sh["inter_dim"], sh["experts"], sh["topk"]
+    sbm = c.get("sort_block_m", 0) or c["tile_m"]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(T)]).to(torch.int32)
+    sid, eid, nvalid = _moe_sorted(ids, E, topk, sbm)
+    inter = torch.zeros(T, topk, I, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    rows = -(-max(len(sid), len(eid) * sbm) // 256) * 256
+    a2_scale = torch.full((rows * (-(-(I // 32) // 8) * 8),), 127, dtype=torch.uint8)
+    w2 = torch.empty(E, H, I // 2, dtype=torch.uint8)
+    w2_scale = torch.full((E * H * I // 32,), 127, dtype=torch.uint8)
+    out = torch.zeros(T, H, dtype=torch.bfloat16)
+    opts = dict(workgroup_sample=SAMPLE, sample_seed=0) if T > 1 else {}
+    with emulator.options(**opts), emulator.launches() as recs:
+        moe_kernels.flydsl_moe_stage2(inter, w2, sid, eid, nvalid, out, topk=topk, tile_m=c["tile_m"],
+                                      tile_n=c["tile_n"], tile_k=c["tile_k"], a_dtype="fp8", b_dtype="fp4",
+                                      out_dtype="bf16", mode=c["mode"], w2_scale=w2_scale, a2_scale=a2_scale,
+                                      sort_block_m=c.get("sort_block_m", 0), persist=bool(c.get("persist", 0)) or None,
+                                      b_nt=c["b_nt"])
+    launches = [costmodel.launch_from_record(r) for r in recs]
+    used = len(torch.unique(ids))
+    gemm = used * (H * I // 2 + H * I // 32) + T * topk * I * 33 // 32 + T * H * 2 * (topk if c["mode"] == "reduce" else 1)
+    dram = [gemm if L["sampled"] else None for L in launches]
+    return {"launches": launches, "dram_bytes": dram if any(L["sampled"] for L in launches) else None}
+
+
+RUNNERS = {"fp8_preshuffle_gemm": _fp8_gemm, "flash_attn_gfx950": _flash_attn, "aiter_moe_a8w4_stage1": _moe_a8w4_stage1,
+           "aiter_moe_a8w4_stage2": _moe_a8w4_stage2}
+NEEDS_AITER = {"aiter_moe_a8w4_stage1", "aiter_moe_a8w4_stage2"}
 
 
 def emulate(points, flydsl: Path, aiter: Path, only=None) -> None:
