@@ -154,7 +154,7 @@ def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None 
     mfma_cyc_wave = sum(n * mfma_cycles(m, L.get("fp4", False)) for m, n in L["mfma"].items()) / waves_ran
     n_instr_wave = sum(per_wave.values())
 
-    occ = waves_per_simd(L["vgprs"], L["agprs"], L["lds_bytes"], L["wg_size"])
+    occ = L.get("waves_per_simd_override") or waves_per_simd(L["vgprs"], L["agprs"], L["lds_bytes"], L["wg_size"])
     wg_per_cu_max = max(1, (occ * SIMDS_PER_CU) // wpw)       # resident workgroups per CU
     wg_cu = math.ceil(wgs / CUS)                              # the busiest CU's workgroups (tail included)
     waves_cu = wg_cu * wpw
