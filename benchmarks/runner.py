@@ -21,7 +21,8 @@ SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seed
 scaled to the whole grid (distinct bytes are then not reported: NaN); packages whose grids depend on the data
 (kernel.toml workgroups = "tokens") always run whole. Beside the counters it prints the cost model's projected
 MI355X time (benchmarks/costmodel.py, calibrated by benchmarks/calibrate.py): labelled "projected", never a
-measurement; --launches adds each launch's projection and the term that bounds it.
+measurement; --launches adds each launch's projection and the term that bounds it. It also times the entry's
+eager host cost per call with launches that run no kernel code ("host ... us/call").
 """
 
 from __future__ import annotations
@@ -140,7 +141,30 @@ def measure_emulator(bench, tokens: int) -> dict:
         "projected_us": projected["us"],
     }
     out.update(floor_us(cost))
+    out["host_us_per_call"] = host_us_per_call(entry, inputs)
     return out
+
+
+def host_us_per_call(entry, inputs: dict, calls: int = 100, batches: int = 5) -> float | None:
+    """Eager host cost of one call (argument checks, tier choice, the compiled call, kernarg packing and the
+    HIP substitute's launch path) with launches that run no kernel code: the fastest batch's mean, in us.
+    None when the entry cannot run without its kernels' results (a host read of device data failing)."""
+    import time
+
+    from harness import emulator
+
+    try:
+        with emulator.options(execute=False):
+            entry(**inputs)
+            means = []
+            for _ in range(batches):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    entry(**inputs)
+                means.append((time.perf_counter() - start) / calls * 1e6)
+    except Exception:  # noqa: BLE001 - reported as unmeasured, not fatal
+        return None
+    return min(means)
 
 
 def _project(model_in: list[dict], cost: Cost) -> dict:
@@ -221,7 +245,8 @@ def _fmt(row: dict) -> str:
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
             f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
             f"  waves {row['waves_main']}"
-            f"  floor {row['floor_us']:.3f} us ({row['bound']})  projected {row['projected_us']:.2f} us")
+            f"  floor {row['floor_us']:.3f} us ({row['bound']})  projected {row['projected_us']:.2f} us"
+            + (f"  host {row['host_us_per_call']:.1f} us/call" if row.get("host_us_per_call") is not None else ""))
 
 
 def main(argv=None) -> None:
