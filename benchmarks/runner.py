@@ -19,7 +19,10 @@ workgroups and waves against 256 CUs, distinct bytes loaded against the minimum'
 gives min_write_bytes; also against those plus boundary_bytes, where given) - and the MI355X floor, max(bytes / 8 TB/s, FLOPs / 5 PFLOP/s). Above
 SAMPLE_ABOVE_TOKENS tokens, launches with more than SAMPLE workgroups run a seeded sample whose counters are
 scaled to the whole grid (distinct bytes are then not reported: NaN); packages whose grids depend on the data
-(kernel.toml workgroups = "tokens") always run whole.
+(kernel.toml workgroups = "tokens") always run whole. Beside the counters it prints the cost model's projected
+MI355X time (benchmarks/costmodel.py, calibrated by benchmarks/calibrate.py): labelled "projected", never a
+measurement; --launches adds each launch's projection and the term that bounds it. It also times the entry's
+eager host cost per call with launches that run no kernel code ("host ... us/call").
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks import costmodel
 
 REPO = Path(__file__).resolve().parent.parent
 HBM_BYTES_PER_S = 8e12
@@ -93,6 +98,7 @@ def measure_emulator(bench, tokens: int) -> dict:
     totals = {"global_load_bytes": 0, "global_store_bytes": 0, "global_load_distinct_bytes": 0,
               "global_store_distinct_bytes": 0, "mfma": 0, "wave_instructions": 0}
     launches = []
+    model_in = [costmodel.launch_from_record(r) for r in recs]
     for r in recs:
         c = r.counters
         ran = len(r.workgroups_executed) if r.workgroups_executed is not None else _wgs(r.grid)
@@ -108,6 +114,9 @@ def measure_emulator(bench, tokens: int) -> dict:
                          "store_distinct": c.get("global_store_distinct_bytes", 0) if scale == 1 else None,
                          "mfma": int(sum(c.get("mfma", {}).values()) * scale)})
     cost = bench.cost(tokens)
+    projected = _project(model_in, cost)
+    for launch, proj in zip(launches, projected["launches"]):
+        launch["projected_us"], launch["projected_bound"] = proj["us"], proj["bound"]
     issued = totals["global_load_bytes"] + totals["global_store_bytes"]
     distinct = totals["global_load_distinct_bytes"] + totals["global_store_distinct_bytes"]
     out = {
@@ -129,9 +138,47 @@ def measure_emulator(bench, tokens: int) -> dict:
         "min_mfma": cost.min_mfma,
         "mfma_x_min": (totals["mfma"] / cost.min_mfma) if cost.min_mfma else None,
         "wave_instructions": int(totals["wave_instructions"]),
+        "projected_us": projected["us"],
     }
     out.update(floor_us(cost))
+    out["host_us_per_call"] = host_us_per_call(entry, inputs)
     return out
+
+
+def host_us_per_call(entry, inputs: dict, calls: int = 100, batches: int = 5) -> float | None:
+    """Eager host cost of one call (argument checks, tier choice, the compiled call, kernarg packing and the
+    HIP substitute's launch path) with launches that run no kernel code: the fastest batch's mean, in us.
+    None when the entry cannot run without its kernels' results (a host read of device data failing)."""
+    import time
+
+    from harness import emulator
+
+    try:
+        with emulator.options(execute=False):
+            entry(**inputs)
+            means = []
+            for _ in range(batches):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    entry(**inputs)
+                means.append((time.perf_counter() - start) / calls * 1e6)
+    except Exception:  # noqa: BLE001 - reported as unmeasured, not fatal
+        return None
+    return min(means)
+
+
+def _project(model_in: list[dict], cost: Cost) -> dict:
+    """The cost model's projected MI355X time (benchmarks/costmodel.py). A sampled launch has no distinct
+    byte count: the op's minimum bytes not accounted for by the whole launches are shared among the sampled
+    ones in proportion to the bytes they issue."""
+    whole = sum(L["counters"].get("global_load_distinct_bytes", 0) + L["counters"].get("global_store_distinct_bytes", 0)
+                for L in model_in if not L["sampled"])
+    issued = [(L["counters"].get("global_load_bytes", 0) + L["counters"].get("global_store_bytes", 0))
+              * L["workgroups"] / max(1, L["ran"]) for L in model_in]
+    sampled_issued = sum(b for b, L in zip(issued, model_in) if L["sampled"])
+    rest = max(0, cost.min_bytes - whole)
+    dram = [None if not L["sampled"] else rest * b / max(1, sampled_issued) for b, L in zip(issued, model_in)]
+    return costmodel.project_launches(model_in, dram)
 
 
 def _wgs(grid) -> int:
@@ -198,7 +245,8 @@ def _fmt(row: dict) -> str:
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
             f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
             f"  waves {row['waves_main']}"
-            f"  floor {row['floor_us']:.3f} us ({row['bound']})")
+            f"  floor {row['floor_us']:.3f} us ({row['bound']})  projected {row['projected_us']:.2f} us"
+            + (f"  host {row['host_us_per_call']:.1f} us/call" if row.get("host_us_per_call") is not None else ""))
 
 
 def main(argv=None) -> None:
@@ -219,7 +267,8 @@ def main(argv=None) -> None:
             for launch in row.get("launches", []) if args.launches else []:
                 dist = ("sampled" if launch["sampled"] else
                         f"loads {launch['load_distinct']}  stores {launch['store_distinct']}")
-                print(f"      {launch['kernel']:48s} grid {launch['grid']}  {dist}  mfma {launch['mfma']}")
+                print(f"      {launch['kernel']:48s} grid {launch['grid']}  {dist}  mfma {launch['mfma']}"
+                      f"  projected {launch['projected_us']:.2f} us ({launch['projected_bound']})")
 
 
 if __name__ == "__main__":

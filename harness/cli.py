@@ -3,7 +3,7 @@
   python -m harness run regimes/<model>.toml [--tokens 1,8,64] [--no-exec]
       warm up every kernel the regime names, then print one table per op and shape: warm-up (compile)
       time, ISA card of each variant, and, where a GPU or the emulator executes, cosine, determinism and
-      padding results per token count.
+      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py).
   python -m harness isa [--json]     every variant's ISA card
   python -m harness list [--json]    registered kernel packages: op, shape token, entries, regime ops
 """
@@ -91,10 +91,21 @@ def cmd_run(args) -> int:
             rows.append([count.tokens, count.real, cos, "yes" if res.deterministic else "NO",
                          "yes" if res.padding_harmless else "NO",
                          f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""),
-                         "ok" if not bad else "; ".join(bad)])
+                         _projected(res.launches), "ok" if not bad else "; ".join(bad)])
         print(_table(["tokens", "real", "cosine", "deterministic", "padding harmless", "rows checked",
-                      "result"], rows))
+                      "projected us", "result"], rows))
     return 1 if failed else 0
+
+
+def _projected(launches) -> str:
+    """The cost model's projected MI355X time of the case's launches (benchmarks/costmodel.py; '~' when a
+    launch ran a sample of its workgroups, whose counters the model scales to the grid)."""
+    if not launches:
+        return "-"
+    from benchmarks import costmodel
+
+    us = costmodel.project_records(launches)["us"]
+    return f"{'~' if any(r.workgroups_executed is not None for r in launches) else ''}{us:.2f}"
 
 
 def _all_entries():
