@@ -134,10 +134,10 @@ def test_opcheck(shape):
     if any(t.dtype in _FP8 for t in tensors) or sum(t.nbytes for t in tensors) > _SCHEMA_CHECK_MAX_BYTES:
         # opcheck's test_schema compares inputs with torch.allclose: CPU torch has none for float8, and on
         # ~1 GB of expert weights its float temporaries exhaust memory. Check what it checks, bytewise.
-        _assert_no_mutation_or_aliasing(entry, inputs)
+        _assert_no_mutation_or_aliasing(entry, inputs, OPS[shape.op].mutates)
         if sum(t.nbytes for t in tensors) > _SCHEMA_CHECK_MAX_BYTES:
             # opcheck clones every input for each of its checks (~1.7 GB a copy for the TP1 MoE). The entry
-            # mutates nothing (just checked), so run its checks on the inputs themselves; its autograd
+            # mutates nothing else (just checked), so run its checks on the inputs themselves; its autograd
             # registration check returns early anyway, as no input requires grad.
             from torch.testing._internal.optests import aot_autograd_check, fake_check
 
@@ -160,9 +160,10 @@ def _digest(t: torch.Tensor) -> bytes:
     return hashlib.blake2b(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).digest()
 
 
-def _assert_no_mutation_or_aliasing(entry, inputs: dict) -> None:
-    """The schema says mutates_args=() and fresh outputs: no input byte changes, no output aliases an input."""
-    before = {k: _digest(v) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+def _assert_no_mutation_or_aliasing(entry, inputs: dict, mutates: tuple = ()) -> None:
+    """The schema's mutates_args (the op's `mutates`) and fresh outputs: no other input byte changes, no
+    output aliases an input."""
+    before = {k: _digest(v) for k, v in inputs.items() if isinstance(v, torch.Tensor) and k not in mutates}
     outputs = entry(**inputs)
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
     for name, old in before.items():
@@ -189,8 +190,9 @@ def _bad_variants(inputs: dict):
             strides.insert(0, step)
             step *= size
         strides[-1] = 2
-        yield name, "contiguous", {**inputs, name: torch.empty_strided(t.shape, strides, dtype=t.dtype,
-                                                                        device=t.device)}
+        strided = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device)
+        if not strided.is_contiguous():  # a one-element tensor (e.g. a per-tensor scale) stays contiguous
+            yield name, "contiguous", {**inputs, name: strided}
 
 
 def _fake_call(entry, inputs: dict):

@@ -85,7 +85,7 @@ def check_tokens(name: str, t, limit: int) -> None:
                          f"(larger batches address past its buffers' 32-bit offsets); split the batch")
 
 
-def custom_op(qualname: str, impl: Callable, outputs: Callable):
+def custom_op(qualname: str, impl: Callable, outputs: Callable, mutates_args: tuple[str, ...] = ()):
     """Register `impl` as torch.ops.<qualname>, with `outputs` as its fake (meta) implementation.
 
     `outputs(*args)` is the entry's front half: it runs every argument check and returns the entry's
@@ -93,9 +93,10 @@ def custom_op(qualname: str, impl: Callable, outputs: Callable):
     tensor, or a fake tensor while torch.compile traces, gets exactly the error a real call would (and the
     same output shapes), never a silent empty tensor.
     `impl` is a warm_up.entry-decorated function; its warm_up/modes/table ride along on the op object
-    so callers and the harness can warm it explicitly.
+    so callers and the harness can warm it explicitly. `mutates_args` names the arguments the entry
+    writes in place (e.g. a KV cache); the schema declares them.
     """
-    op = torch.library.custom_op(qualname, mutates_args=())(impl)
+    op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args))(impl)
     op.register_fake(outputs)
     op.outputs = outputs
     for attr in ("warm_up", "modes", "table"):

@@ -23,6 +23,12 @@ class Op:
     # Inputs with NaN, +-Inf and subnormal values planted (special_rows below), same signature; None where
     # the contract does not define special values. Used by the special-values check.
     build_special: Callable | None = None
+    # inputs the op writes in place (e.g. a KV cache); the custom op's schema declares them and the harness
+    # compares them with the reference's after the call (harness/checks.py)
+    mutates: tuple[str, ...] = ()
+    # (row input, value) pairs: graph-padding rows of that input hold this value instead of garbage, as the
+    # server pads them (e.g. slot_mapping -1 = write nothing, position 0)
+    padding_values: tuple[tuple[str, float], ...] = ()
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,0 +1,1 @@
+"""Attention kernels (gpt-oss: RoPE + paged KV-cache write, paged attention); contract: references/attention.py."""
