@@ -76,11 +76,11 @@ def build_inputs(tokens: int, dims: dict, seed: int, *, fused: bool) -> dict:
     """
     ranks = int(dims.get("ranks", RANKS))
     hidden = int(dims["hidden"])
-    base = norm.build_inputs(tokens, dims, seed, with_residual=fused)
     gen = torch.Generator().manual_seed(seed + 7919)
     partials = torch.randn(ranks, tokens, hidden, generator=gen) / ranks**0.5
     inputs = {"x": partials.to(torch.bfloat16)}
     if fused:
+        base = norm.build_inputs(tokens, dims, seed, with_residual=True)
         inputs.update(residual=base["residual"], weight=base["weight"], eps=base["eps"])
     return inputs
 

@@ -1,0 +1,148 @@
+"""The multi-rank case kind: an op whose kernel package declares `ranks = n` in its kernel.toml runs each
+case on n ranks (n emulated devices in n processes, harness/emulator/ranks.py; on a GPU node, n GPUs).
+
+The reference takes every rank's partial stacked in its input `x` [ranks, tokens, ...]; rank r calls the entry
+with x[r] (the other inputs whole) after creating the package's communicator. A case checks:
+- every rank's outputs are bitwise equal to every other rank's (an all-reduce must give all ranks the same
+  bits; no other all-reduce test checks this);
+- rank 0's results against the reference (real rows): cosine >= the op's threshold, and the results the
+  contract declares exact (`EXACT`) bitwise equal;
+- a second run, with garbage in the graph-padding rows, another workgroup order and wave interleaving and
+  per-rank start delays, gives the same real-row bytes on every rank (determinism, harmless padding, no
+  dependence on which rank arrives first);
+- on the emulator both runs are sanitized (missing waits, hazards; memory accesses must stay inside the
+  entry's tensors and the communicator's buffers of all ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from references import OPS, cosine
+
+# results (by to_float position) that the contract says are bitwise equal to the reference
+EXACT = {"allreduce": (0,), "allreduce_fused_add_rmsnorm": (1,), "allreduce_fused_add_rmsnorm_mxfp8": (1,)}
+COUNTER_KEYS = ("global_load_bytes", "global_store_bytes", "global_load_distinct_bytes", "global_atomic_bytes",
+                "wave_instructions", "workgroups")
+SANITIZE = os.environ.get("AMD_KERNELS_SANITIZE", "1") != "0"
+
+
+@dataclass
+class MultiRankResult:
+    cosines: dict = field(default_factory=dict)
+    exact: dict = field(default_factory=dict)  # result name -> bitwise equal to the reference
+    ranks_equal: bool = True
+    repeat_equal: bool = True
+    rows_real: int = 0
+    counters: list = field(default_factory=list)  # per rank: bytes loaded / stored by the kernel launches
+
+    def failures(self, cosine_min: float) -> list[str]:
+        out = [f"{n}: cosine {c:.6f} < {cosine_min}" for n, c in self.cosines.items() if not c >= cosine_min]
+        out += [f"{n}: not bitwise equal to the reference" for n, ok in self.exact.items() if not ok]
+        if not self.ranks_equal:
+            out.append("ranks returned different bytes")
+        if not self.repeat_equal:
+            out.append("the second run (padding garbage, other orders and arrival times) gave other bytes")
+        if self.rows_real == 0:
+            out.append("no real row was checked")
+        return out
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().view(torch.uint8)
+
+
+def _pad(inputs: dict, real: int) -> dict:
+    """Garbage (NaN, +-65504, large noise) in rows real.. of x (every rank's) and of the residual."""
+    from harness.checks import fill_padding
+
+    out = fill_padding(inputs, tuple(n for n in ("residual",) if n in inputs), real, garbage=True)
+    x = inputs["x"].clone()
+    if real < x.shape[1]:
+        padded = fill_padding({"x": x.transpose(0, 1).contiguous()}, ("x",), real, garbage=True)["x"]
+        x = padded.transpose(0, 1).contiguous()
+    out["x"] = x
+    return out
+
+
+def rank_worker(rank: int, world: int, module: str, entry_name: str, op: str, dims: dict, tokens: int,
+                real: int, seed: int) -> dict:
+    """Runs in rank process `rank`: two runs of the entry; returns both runs' outputs and launch counters."""
+    import importlib
+
+    from amd_kernels.comm import communicator
+
+    emulated = os.environ.get("AMD_KERNELS_DEVICE") == "emulator"
+    entry = getattr(importlib.import_module(module), entry_name)
+    comm = communicator.create(max_tokens=max(tokens, 1), hidden=int(dims["hidden"]))
+    entry.warm_up()
+    inputs = OPS[op].build_inputs(tokens, dims, seed)
+    runs, counters = [], []
+    for attempt, case_inputs in enumerate((inputs, _pad(inputs, real))):
+        mine = {k: (v[rank].contiguous() if k == "x" else v) for k, v in case_inputs.items()}
+        if not emulated:
+            mine = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in mine.items()}
+        # per-rank arrival times differ on the second run (rank-dependent delay, seeded)
+        if attempt:
+            time.sleep(random.Random(seed * 31 + rank).uniform(0.0, 0.5))
+        outputs, records = _call(entry, mine, comm, emulated, order_seed=seed + attempt)
+        runs.append(tuple(o.cpu() for o in _as_tuple(outputs)))
+        counters.append([{"kernel": r.kernel_name, **{k: r.counters[k] for k in COUNTER_KEYS}} for r in records])
+    return {"runs": runs, "counters": counters}
+
+
+def _call(entry, inputs, comm, emulated, order_seed):
+    if not emulated:
+        out = entry(**inputs)
+        torch.cuda.synchronize()
+        return out, []
+    from harness import emulator
+
+    opts = dict(workgroup_order_seed=order_seed)  # the same on every rank (ranks.py)
+    if SANITIZE:
+        opts.update(sanitize=True, interleave_seed=order_seed)
+    roots = [inputs, comm.inputs, comm.signals]
+    guard = emulator.guard(roots) if SANITIZE else contextlib.nullcontext()
+    with emulator.options(**opts), emulator.launches() as records, guard:
+        out = entry(**inputs)
+    return out, list(records)
+
+
+def check_case(module: str, entry_name: str, op: str, dims: dict, tokens: int, real: int, seed: int,
+               world: int = 8) -> MultiRankResult:
+    from harness.emulator import ranks
+
+    results = ranks.run(rank_worker, world=world,
+                        args=(module, entry_name, op, dims, tokens, real, seed), seed=seed)
+    spec = OPS[op]
+    res = MultiRankResult(rows_real=real)
+    first = results[0]["runs"][0]
+    for r, rr in enumerate(results):
+        for run in rr["runs"]:
+            for a, b in zip(run, first):
+                if not torch.equal(_bytes(a[:real]), _bytes(b[:real])):
+                    if run is rr["runs"][0]:
+                        res.ranks_equal = False
+                    else:
+                        res.repeat_equal = False
+        res.counters.append(rr["counters"][0])
+    inputs = spec.build_inputs(tokens, dims, seed)
+    ref_inputs = {k: (v[:, :real] if k == "x" else v[:real] if k in spec.row_inputs else v)
+                  for k, v in inputs.items()}
+    want = spec.to_float(spec.reference(**ref_inputs))
+    got = spec.to_float(tuple(t[:real] for t in first))
+    for i, (name, g, w) in enumerate(zip(spec.result_names, got, want)):
+        res.cosines[name] = cosine(g, w)
+        if i in EXACT.get(op, ()):
+            res.exact[name] = torch.equal(g, w)
+    return res

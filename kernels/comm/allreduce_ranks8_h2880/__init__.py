@@ -1,0 +1,103 @@
+"""TP8 all-reduce for hidden size 2880: allreduce, allreduce_fused_add_rmsnorm, allreduce_fused_add_rmsnorm_mxfp8.
+
+Entries (torch.ops.amd_kernels.allreduce_ranks8_h2880_<entry>; README.md has the arguments): each rank calls
+with its own partial x [tokens, 2880] and gets the full result; every rank must call the same entry with the
+same token count, after amd_kernels.comm.communicator.create(group) on all 8 ranks.
+
+(No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
+"""
+
+import torch
+
+from amd_kernels import host, warm_up
+from amd_kernels.comm import communicator
+from amd_kernels.comm.allreduce_ranks8_h2880 import kernel
+
+H = kernel.H
+OPS = ("allreduce", "allreduce_fused_add_rmsnorm", "allreduce_fused_add_rmsnorm_mxfp8")
+VARIANTS = warm_up.VariantTable(__name__, {k: warm_up.Variant(*v) for k, v in kernel.VARIANTS.items()})
+
+
+def tier(tokens: int) -> str:
+    return "one_stage"
+
+
+def _modes(op: str) -> dict:
+    return {"one_stage": [f"{op}.one_stage"]}
+
+
+def _mode_of(*args, **kwargs) -> str:
+    return "one_stage"
+
+
+def _stage(x: torch.Tensor, residual=None, weight=None):
+    """Check the arguments; put x in this rank's registered input buffer. -> (communicator, tokens)."""
+    comm = communicator.current()
+    host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, H))
+    tokens = x.shape[0]
+    if residual is not None:
+        host.check_tensor("residual", residual, dtype=torch.bfloat16, shape=(tokens, H), like=x)
+        host.check_tensor("weight", weight, dtype=torch.bfloat16, shape=(H,), like=x)
+    if x.device != comm.device:
+        raise ValueError(f"x: on device {x.device}, but the communicator's buffers are on {comm.device}")
+    if tokens > comm.max_tokens:
+        raise ValueError(f"x: {tokens} tokens, above the communicator's registered buffer of {comm.max_tokens}")
+    staged = comm.inputs[comm.rank]
+    if tokens and x.data_ptr() != staged.data_ptr():
+        staged[:tokens].copy_(x)
+    return comm, tokens
+
+
+def _buffers(comm):
+    return (*comm.inputs, *comm.signals, comm.signals[comm.rank])
+
+
+@warm_up.entry(VARIANTS, _modes("allreduce"), _mode_of)
+def _allreduce(x: torch.Tensor) -> torch.Tensor:
+    comm, tokens = _stage(x)
+    out = torch.empty_like(x)
+    if tokens:
+        VARIANTS["allreduce.one_stage"](*_buffers(comm), out, tokens, comm.rank, host.stream_of(x))
+    return out
+
+
+@warm_up.entry(VARIANTS, _modes("allreduce_fused_add_rmsnorm"), _mode_of)
+def _fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    comm, tokens = _stage(x, residual, weight)
+    out, residual_out = torch.empty_like(x), torch.empty_like(x)
+    if tokens:
+        VARIANTS["allreduce_fused_add_rmsnorm.one_stage"](
+            *_buffers(comm), residual, weight, out, residual_out, tokens, comm.rank, eps, host.stream_of(x)
+        )
+    return out, residual_out
+
+
+def _mx_outputs(x):
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((x.shape[0], H // 32), dtype=torch.uint8, device=x.device)
+    return q, scales
+
+
+@warm_up.entry(VARIANTS, _modes("allreduce_fused_add_rmsnorm_mxfp8"), _mode_of)
+def _fused_mx(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    comm, tokens = _stage(x, residual, weight)
+    q, scales = _mx_outputs(x)
+    residual_out = torch.empty_like(x)
+    if tokens:
+        VARIANTS["allreduce_fused_add_rmsnorm_mxfp8.one_stage"](
+            *_buffers(comm), residual, weight, q, scales, residual_out, tokens, comm.rank, eps, host.stream_of(x)
+        )
+    return q, scales, residual_out
+
+
+_NS = "amd_kernels::allreduce_ranks8_h2880_"
+allreduce = host.custom_op(_NS + "allreduce", _allreduce, lambda x: torch.empty_like(x))
+allreduce_fused_add_rmsnorm = host.custom_op(
+    _NS + "allreduce_fused_add_rmsnorm", _fused, lambda x, residual, weight, eps: (torch.empty_like(x), torch.empty_like(x))
+)
+allreduce_fused_add_rmsnorm_mxfp8 = host.custom_op(
+    _NS + "allreduce_fused_add_rmsnorm_mxfp8", _fused_mx,
+    lambda x, residual, weight, eps: (*_mx_outputs(x), torch.empty_like(x)),
+)
