@@ -34,7 +34,6 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
-import pickle
 import signal
 import tempfile
 import time
@@ -182,8 +181,9 @@ def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s):
     except BaseException as e:  # noqa: BLE001 - reported to the parent with the rank
         signal.alarm(0)
         payload = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-    with open(out + ".tmp", "wb") as f:
-        pickle.dump(payload, f)
+    import torch  # torch.save: plain pickle cannot carry float8 tensors
+
+    torch.save(payload, out + ".tmp")
     os.replace(out + ".tmp", out)
     try:
         import torch.distributed as dist
@@ -202,6 +202,7 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
     `timeout` seconds (default: the emulator hang timeout x 3) after the last rank started. `seed` is the
     workgroup-order seed every rank uses.
     """
+    import torch
     import torch.multiprocessing as mp
 
     t = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
@@ -224,8 +225,7 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
         for r, p in enumerate(procs):
             path = os.path.join(tmp, f"rank{r}.pkl")
             if os.path.exists(path):
-                with open(path, "rb") as f:
-                    status, value = pickle.load(f)
+                status, value = torch.load(path, weights_only=False)
                 if status == "ok":
                     results.append(value)
                     continue
