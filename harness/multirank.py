@@ -67,38 +67,37 @@ def _pad(inputs: dict, real: int) -> dict:
     from harness.checks import fill_padding
 
     out = fill_padding(inputs, tuple(n for n in ("residual",) if n in inputs), real, garbage=True)
-    x = inputs["x"].clone()
-    if real < x.shape[1]:
-        padded = fill_padding({"x": x.transpose(0, 1).contiguous()}, ("x",), real, garbage=True)["x"]
-        x = padded.transpose(0, 1).contiguous()
-    out["x"] = x
+    out["x"] = torch.stack([fill_padding({"x": p}, ("x",), real, garbage=True)["x"] for p in inputs["x"]])
     return out
 
 
-def rank_worker(rank: int, world: int, module: str, entry_name: str, op: str, dims: dict, tokens: int,
-                real: int, seed: int) -> dict:
-    """Runs in rank process `rank`: two runs of the entry; returns both runs' outputs and launch counters."""
+def rank_worker(rank: int, world: int, module: str, entry_name: str, op: str, dims: dict, counts: list) -> list:
+    """Runs in rank process `rank`: for each (tokens, real, seed) in `counts`, two runs of the entry.
+    Returns, per count, both runs' outputs and the first run's launch counters."""
     import importlib
 
     from amd_kernels.comm import communicator
 
     emulated = os.environ.get("AMD_KERNELS_DEVICE") == "emulator"
     entry = getattr(importlib.import_module(module), entry_name)
-    comm = communicator.create(max_tokens=max(tokens, 1), hidden=int(dims["hidden"]))
+    comm = communicator.create(max_tokens=max(t for t, _, _ in counts), hidden=int(dims["hidden"]))
     entry.warm_up()
-    inputs = OPS[op].build_inputs(tokens, dims, seed)
-    runs, counters = [], []
-    for attempt, case_inputs in enumerate((inputs, _pad(inputs, real))):
-        mine = {k: (v[rank].contiguous() if k == "x" else v) for k, v in case_inputs.items()}
-        if not emulated:
-            mine = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in mine.items()}
-        # per-rank arrival times differ on the second run (rank-dependent delay, seeded)
-        if attempt:
-            time.sleep(random.Random(seed * 31 + rank).uniform(0.0, 0.5))
-        outputs, records = _call(entry, mine, comm, emulated, order_seed=seed + attempt)
-        runs.append(tuple(o.cpu() for o in _as_tuple(outputs)))
-        counters.append([{"kernel": r.kernel_name, **{k: r.counters[k] for k in COUNTER_KEYS}} for r in records])
-    return {"runs": runs, "counters": counters}
+    out = []
+    for tokens, real, seed in counts:
+        inputs = OPS[op].build_inputs(tokens, dims, seed)
+        runs, counters = [], []
+        for attempt, case_inputs in enumerate((inputs, _pad(inputs, real))):
+            mine = {k: (v[rank].contiguous() if k == "x" else v) for k, v in case_inputs.items()}
+            if not emulated:
+                mine = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in mine.items()}
+            if attempt:  # other arrival times: a seeded per-rank delay before the second run
+                time.sleep(random.Random(seed * 31 + rank).uniform(0.0, 0.5))
+            outputs, records = _call(entry, mine, comm, emulated, order_seed=seed + attempt)
+            runs.append(tuple(o.cpu() for o in _as_tuple(outputs)))
+            counters.append([{"kernel": r.kernel_name, **{k: r.counters[k] for k in COUNTER_KEYS}}
+                             for r in records])
+        out.append({"runs": runs, "counters": counters[0]})
+    return out
 
 
 def _call(entry, inputs, comm, emulated, order_seed):
@@ -118,24 +117,30 @@ def _call(entry, inputs, comm, emulated, order_seed):
     return out, list(records)
 
 
-def check_case(module: str, entry_name: str, op: str, dims: dict, tokens: int, real: int, seed: int,
-               world: int = 8) -> MultiRankResult:
+def check_cases(module: str, entry_name: str, op: str, dims: dict, counts: list, world: int = 8) -> list:
+    """Run every (tokens, real, seed) of `counts` on `world` ranks (one set of rank processes for all);
+    returns a MultiRankResult per count."""
     from harness.emulator import ranks
 
-    results = ranks.run(rank_worker, world=world,
-                        args=(module, entry_name, op, dims, tokens, real, seed), seed=seed)
+    per_rank = ranks.run(rank_worker, world=world, args=(module, entry_name, op, dims, list(counts)),
+                         seed=counts[0][2])
+    return [_judge(op, dims, tokens, real, seed, [pr[i] for pr in per_rank])
+            for i, (tokens, real, seed) in enumerate(counts)]
+
+
+def _judge(op, dims, tokens, real, seed, results) -> MultiRankResult:
     spec = OPS[op]
     res = MultiRankResult(rows_real=real)
     first = results[0]["runs"][0]
-    for r, rr in enumerate(results):
-        for run in rr["runs"]:
+    for rr in results:
+        for attempt, run in enumerate(rr["runs"]):
             for a, b in zip(run, first):
                 if not torch.equal(_bytes(a[:real]), _bytes(b[:real])):
-                    if run is rr["runs"][0]:
+                    if attempt == 0:
                         res.ranks_equal = False
                     else:
                         res.repeat_equal = False
-        res.counters.append(rr["counters"][0])
+        res.counters.append(rr["counters"])
     inputs = spec.build_inputs(tokens, dims, seed)
     ref_inputs = {k: (v[:, :real] if k == "x" else v[:real] if k in spec.row_inputs else v)
                   for k, v in inputs.items()}
