@@ -142,8 +142,6 @@ def create(group=None, *, max_tokens: int = 512, hidden: int = 2880, ranks: int 
         import torch.distributed as dist
 
         group = dist.group.WORLD
-    if max_tokens > kernel.MAX_BLOCKS:
-        raise ValueError(f"max_tokens: at most {kernel.MAX_BLOCKS} (the signal buffer's rows), got {max_tokens}")
     _current = Communicator(group, max_tokens=max_tokens, hidden=hidden, signal_slots=kernel.SIGNAL_SLOTS,
                             ranks=ranks, device=device)
     return _current

@@ -57,17 +57,22 @@ def _allreduce(x: torch.Tensor) -> torch.Tensor:
     comm, tokens = _stage(x)
     out = torch.empty_like(x)
     if tokens:
-        VARIANTS["allreduce.one_stage"](*_buffers(comm), out, tokens, comm.rank, host.stream_of(x))
+        VARIANTS["allreduce.one_stage"](
+            *_buffers(comm), out, tokens, comm.rank, kernel.grid_blocks(tokens), host.stream_of(x)
+        )
     return out
 
 
 @warm_up.entry(VARIANTS, _modes("allreduce_fused_add_rmsnorm"), _mode_of)
-def _fused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     comm, tokens = _stage(x, residual, weight)
     out, residual_out = torch.empty_like(x), torch.empty_like(x)
     if tokens:
         VARIANTS["allreduce_fused_add_rmsnorm.one_stage"](
-            *_buffers(comm), residual, weight, out, residual_out, tokens, comm.rank, eps, host.stream_of(x)
+            *_buffers(comm), residual, weight, out, residual_out, tokens, comm.rank, eps, kernel.grid_blocks(tokens),
+            host.stream_of(x),
         )
     return out, residual_out
 
@@ -87,7 +92,8 @@ def _fused_mx(
     residual_out = torch.empty_like(x)
     if tokens:
         VARIANTS["allreduce_fused_add_rmsnorm_mxfp8.one_stage"](
-            *_buffers(comm), residual, weight, q, scales, residual_out, tokens, comm.rank, eps, host.stream_of(x)
+            *_buffers(comm), residual, weight, q, scales, residual_out, tokens, comm.rank, eps,
+            kernel.grid_blocks(tokens), host.stream_of(x),
         )
     return q, scales, residual_out
 
@@ -95,7 +101,8 @@ def _fused_mx(
 _NS = "amd_kernels::allreduce_ranks8_h2880_"
 allreduce = host.custom_op(_NS + "allreduce", _allreduce, lambda x: torch.empty_like(x))
 allreduce_fused_add_rmsnorm = host.custom_op(
-    _NS + "allreduce_fused_add_rmsnorm", _fused, lambda x, residual, weight, eps: (torch.empty_like(x), torch.empty_like(x))
+    _NS + "allreduce_fused_add_rmsnorm", _fused,
+    lambda x, residual, weight, eps: (torch.empty_like(x), torch.empty_like(x)),
 )
 allreduce_fused_add_rmsnorm_mxfp8 = host.custom_op(
     _NS + "allreduce_fused_add_rmsnorm_mxfp8", _fused_mx,

@@ -1,25 +1,27 @@
 """TP8 all-reduce of bf16 rows of 2880, alone or fused with the residual add and RMSNorm (+ MXFP8), on MI355X.
 
 One-stage algorithm: every rank's partial rows sit in its registered (IPC) input buffer; workgroup b of
-every rank owns token row b: it waits until all 8 ranks have published their rows for this call, reads the
-row from all 8 buffers, sums in fp32 in rank order 0..7 (so every rank computes the same bits), rounds to
-bf16 and writes its own outputs (all ranks write the full result). Then a closing barrier: the workgroup
-tells every peer it has finished reading their row b and waits until every peer has done the same, so no
-rank can overwrite its input buffer (the next call's copy) while a peer may still read it.
+every rank owns token row b (and rows b + 512, b + 1024, ... above 512 rows, one after another): it waits
+until all 8 ranks have published their rows for this call, reads the row from all 8 buffers, sums in fp32
+in rank order 0..7 (so every rank computes the same bits), rounds to bf16 and writes its own outputs (all
+ranks write the full result). Then a closing barrier: the workgroup tells every peer it has finished reading
+their row and waits until every peer has done the same, so no rank can overwrite its input buffer (the next
+call's copy) while a peer may still read it.
 
-Flags (int32, in each rank's uncached signal buffer; see communicator.SignalLayout):
-  start[b][r]  rank r has published row b for call `epoch`      (written by rank r into every rank's buffer)
-  end[b][r]    rank r has finished reading row b of call `epoch` (same)
+Flags (int32, in each rank's uncached signal buffer of SIGNAL_SLOTS, allocated by comm/communicator.py):
+  start[b][r]  rank r has published workgroup b's row for epoch e (written by rank r into every rank's buffer)
+  end[b][r]    rank r has finished reading that row (same)
   epoch[b]     the last epoch workgroup b of this rank completed (only this rank writes it)
-Each call's workgroup b reads epoch[b] + 1 and waits for flags *equal* to it, so a flag left by an older
+For each row, workgroup b reads epoch[b] + 1 and waits for flags *equal* to it, so a flag left by an older
 call never satisfies a wait and no flag is ever reset: CUDA-graph replays (same kernel arguments every
 time) see fresh epochs. Stores of flags are release/system-scope, loads acquire/system-scope; no atomics.
 Every rank must call with the same token count M (the same workgroups run everywhere).
 
-Launchers (every tensor row-major and contiguous; M the runtime token count, = the grid):
-  allreduce(x0..x7, s0..s7, me, out, M, rank, stream)
-  fused_add_rmsnorm(x0..x7, s0..s7, me, residual, weight, out, residual_out, M, rank, eps, stream)
-  fused_add_rmsnorm_mxfp8(x0..x7, s0..s7, me, residual, weight, q, scales, residual_out, M, rank, eps, stream)
+Launchers (every tensor row-major and contiguous; M the runtime token count; blocks = grid_blocks(M)):
+  allreduce(x0..x7, s0..s7, me, out, M, rank, blocks, stream)
+  fused_add_rmsnorm(x0..x7, s0..s7, me, residual, weight, out, residual_out, M, rank, eps, blocks, stream)
+  fused_add_rmsnorm_mxfp8(x0..x7, s0..s7, me, residual, weight, q, scales, residual_out, M, rank, eps, blocks,
+                          stream)
 with x_r: rank r's input buffer as mapped here (bf16 [capacity, 2880], rows 0..M-1 live), s_r: rank r's signal
 buffer (int32), me = s_rank; residual, out, residual_out bf16 [M, 2880]; weight bf16 [2880]; q float8_e4m3fn
 [M, 2880]; scales uint8 [M, 90].
@@ -54,6 +56,11 @@ EPOCH = END + MAX_BLOCKS * RANKS
 SIGNAL_SLOTS = EPOCH + MAX_BLOCKS
 SLEEP = 1  # s_sleep 1 = 64 clocks between polls
 
+
+def grid_blocks(m: int) -> int:
+    """Workgroups of a launch: one per row up to MAX_BLOCKS; beyond, workgroup b takes rows b, b + blocks, ..."""
+    return max(1, min(m, MAX_BLOCKS))
+
 _ACQ, _REL = fx.AtomicOrdering.Acquire, fx.AtomicOrdering.Release
 _SYSTEM = "one-as"
 
@@ -81,19 +88,19 @@ def _wait_all(me, first_slot, value):
 _wait_all = ASTRewriter.transform(_wait_all)
 
 
-def _start(sigs, me, row, rank):
-    """The opening barrier of workgroup `row`: returns this call's epoch once every rank has published."""
-    epoch = fx.generic_load(_at(me, EPOCH + row)) + 1
-    _publish(sigs, START + row * RANKS + rank, epoch)
-    _wait_all(me, START + row * RANKS, epoch)
+def _start(sigs, me, wg, rank):
+    """The opening barrier of workgroup `wg`: returns this row's epoch once every rank has published it."""
+    epoch = fx.generic_load(_at(me, EPOCH + wg)) + 1
+    _publish(sigs, START + wg * RANKS + rank, epoch)
+    _wait_all(me, START + wg * RANKS, epoch)
     return epoch
 
 
-def _finish(sigs, me, row, rank, epoch):
-    """The closing barrier: every rank has read row `row` of every input buffer; then record the epoch."""
-    _publish(sigs, END + row * RANKS + rank, epoch)
-    _wait_all(me, END + row * RANKS, epoch)
-    fx.generic_store(_at(me, EPOCH + row), epoch)
+def _finish(sigs, me, wg, rank, epoch):
+    """The closing barrier: every rank has read this row of every input buffer; then record the epoch."""
+    _publish(sigs, END + wg * RANKS + rank, epoch)
+    _wait_all(me, END + wg * RANKS, epoch)
+    fx.generic_store(_at(me, EPOCH + wg), epoch)
 
 
 def _sum_row(xs, row, lane):
@@ -134,17 +141,17 @@ KW = {"known_block_size": [LANES, 1, 1]}
 def k_allreduce(
     x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
     x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
-    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, out: fx.Tensor, m: fx.Int32, rank: fx.Int32,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, out: fx.Tensor, m: fx.Int32, rank: fx.Int32, blocks: fx.Int32,
 ):
-    lane, row = fx.thread_idx.x % LANES, fx.block_idx.x
+    lane, wg = fx.thread_idx.x % LANES, fx.block_idx.x
     xs, sigs = (x0, x1, x2, x3, x4, x5, x6, x7), (s0, s1, s2, s3, s4, s5, s6, s7)
-    if row < m:
-        epoch = _start(sigs, me, row, rank)
+    for row in range(wg, m, blocks):
+        epoch = _start(sigs, me, wg, rank)
         s = _sum_row(xs, row, lane)
         dst = buffer.row_resource(out, row, H, ELEM_BYTES)
         for j in range_constexpr(SLOTS):
             buffer.store(s[j], dst, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
-        _finish(sigs, me, row, rank, epoch)
+        _finish(sigs, me, wg, rank, epoch)
 
 
 @flyc.kernel(name=f"allreduce_fused_add_rmsnorm_ranks{RANKS}_h{H}", **KW)
@@ -152,15 +159,15 @@ def k_fused(
     x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
     x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
     s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, out: fx.Tensor,
-    residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32,
+    residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
 ):
-    lane, row = fx.thread_idx.x % LANES, fx.block_idx.x
+    lane, wg = fx.thread_idx.x % LANES, fx.block_idx.x
     xs, sigs = (x0, x1, x2, x3, x4, x5, x6, x7), (s0, s1, s2, s3, s4, s5, s6, s7)
-    if row < m:
-        ws = _weight(weight, lane)
-        epoch = _start(sigs, me, row, rank)
+    ws = _weight(weight, lane)
+    for row in range(wg, m, blocks):
+        epoch = _start(sigs, me, wg, rank)
         s = _sum_row(xs, row, lane)
-        _finish(sigs, me, row, rank, epoch)  # the peers' rows are in registers: release the buffers early
+        _finish(sigs, me, wg, rank, epoch)  # the peers' rows are in registers: release the buffers early
         r = _add_residual(s, residual, residual_out, row, lane)
         rms._store_bf16(lane, row, r, ws, rms._rstd(r, eps), out)
 
@@ -170,15 +177,15 @@ def k_fused_mx(
     x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
     x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
     s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, q: fx.Tensor,
-    scales: fx.Tensor, residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32,
+    scales: fx.Tensor, residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
 ):
-    lane, row = fx.thread_idx.x % LANES, fx.block_idx.x
+    lane, wg = fx.thread_idx.x % LANES, fx.block_idx.x
     xs, sigs = (x0, x1, x2, x3, x4, x5, x6, x7), (s0, s1, s2, s3, s4, s5, s6, s7)
-    if row < m:
-        ws = _weight(weight, lane)
-        epoch = _start(sigs, me, row, rank)
+    ws = _weight(weight, lane)
+    for row in range(wg, m, blocks):
+        epoch = _start(sigs, me, wg, rank)
         s = _sum_row(xs, row, lane)
-        _finish(sigs, me, row, rank, epoch)
+        _finish(sigs, me, wg, rank, epoch)
         r = _add_residual(s, residual, residual_out, row, lane)
         rms._store_mxfp8(lane, row, r, ws, rms._rstd(r, eps), q, scales)
 
@@ -187,11 +194,11 @@ def k_fused_mx(
 def allreduce(
     x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
     x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
-    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, out: fx.Tensor, m: fx.Int32, rank: fx.Int32,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, out: fx.Tensor, m: fx.Int32, rank: fx.Int32, blocks: fx.Int32,
     stream: fx.Stream = fx.Stream(None),
 ):
-    k_allreduce(x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, out, m, rank).launch(
-        grid=(m, 1, 1), block=(LANES, 1, 1), stream=stream
+    k_allreduce(x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, out, m, rank, blocks).launch(
+        grid=(blocks, 1, 1), block=(LANES, 1, 1), stream=stream
     )
 
 
@@ -200,12 +207,13 @@ def fused_add_rmsnorm(
     x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
     x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
     s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, out: fx.Tensor,
-    residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, stream: fx.Stream = fx.Stream(None),
+    residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
+    stream: fx.Stream = fx.Stream(None),
 ):
     k_fused(
         x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, residual, weight, out, residual_out,
-        m, rank, eps,
-    ).launch(grid=(m, 1, 1), block=(LANES, 1, 1), stream=stream)
+        m, rank, eps, blocks,
+    ).launch(grid=(blocks, 1, 1), block=(LANES, 1, 1), stream=stream)
 
 
 @flyc.jit
@@ -213,13 +221,13 @@ def fused_add_rmsnorm_mxfp8(
     x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
     x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
     s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, q: fx.Tensor,
-    scales: fx.Tensor, residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32,
+    scales: fx.Tensor, residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
     stream: fx.Stream = fx.Stream(None),
 ):
     k_fused_mx(
         x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, residual, weight, q, scales,
-        residual_out, m, rank, eps,
-    ).launch(grid=(m, 1, 1), block=(LANES, 1, 1), stream=stream)
+        residual_out, m, rank, eps, blocks,
+    ).launch(grid=(blocks, 1, 1), block=(LANES, 1, 1), stream=stream)
 
 
 # Example arguments (M = 1 CPU tensors): shapes are dynamic in the compiled code, so one specialization
@@ -238,17 +246,17 @@ def _common(m):
 
 
 def _args_allreduce(m: int = 1):
-    return (*_common(m), _bf16(m, H), m, 0)
+    return (*_common(m), _bf16(m, H), m, 0, grid_blocks(m))
 
 
 def _args_fused(m: int = 1):
-    return (*_common(m), _bf16(m, H), _bf16(H), _bf16(m, H), _bf16(m, H), m, 0, _EPS)
+    return (*_common(m), _bf16(m, H), _bf16(H), _bf16(m, H), _bf16(m, H), m, 0, _EPS, grid_blocks(m))
 
 
 def _args_fused_mx(m: int = 1):
     q = torch.zeros(m, H, dtype=torch.float8_e4m3fn)
     s = torch.zeros(m, SCALES, dtype=torch.uint8)
-    return (*_common(m), _bf16(m, H), _bf16(H), q, s, _bf16(m, H), m, 0, _EPS)
+    return (*_common(m), _bf16(m, H), _bf16(H), q, s, _bf16(m, H), m, 0, _EPS, grid_blocks(m))
 
 
 VARIANTS = {
