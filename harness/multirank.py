@@ -151,3 +151,40 @@ def _judge(op, dims, tokens, real, seed, results) -> MultiRankResult:
         if i in EXACT.get(op, ()):
             res.exact[name] = torch.equal(g, w)
     return res
+
+
+def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
+    """Runs in each rank: the errors a multi-rank fused entry must give (messages returned, not raised).
+
+    - communicators created with different sizes on different ranks (every rank raises);
+    - a token count above the registered buffer (names x), a wrong dtype (names residual);
+    - the last rank never calls: the others' launch stops with the emulator's hang report (ranks.py).
+    """
+    import importlib
+
+    from amd_kernels.comm import communicator
+
+    entry = importlib.import_module(module).allreduce_fused_add_rmsnorm
+    entry.warm_up()
+    out = {}
+
+    def catch(key, fn):
+        try:
+            fn()
+            out[key] = None
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            out[key] = f"{type(e).__name__}: {e}"
+
+    catch("sizes", lambda: communicator.create(max_tokens=4 if rank else 8, hidden=int(dims["hidden"])))
+    communicator.create(max_tokens=4, hidden=int(dims["hidden"]))
+    inputs = OPS["allreduce_fused_add_rmsnorm"].build_inputs(5, dims, 0)
+    mine = {**inputs, "x": inputs["x"][rank].contiguous()}
+    catch("too_many_tokens", lambda: entry(**mine))
+    small = {**{k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mine.items()}}
+    catch("dtype", lambda: entry(**{**small, "residual": small["residual"].float()}))
+    if rank != world - 1:
+        from harness import emulator
+
+        with emulator.options(workgroup_order_seed=0):
+            catch("absent_rank", lambda: entry(**small))
+    return out

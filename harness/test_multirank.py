@@ -56,3 +56,40 @@ def _result(shape, count) -> multirank.MultiRankResult:
 def test_multirank(shape, count):
     result = _result(shape, count)
     assert result.failures(OPS[shape.op].cosine_min) == [], result
+
+
+BAD_INPUT_PACKAGES = [p for p in PACKAGES.values()
+                      if p.ranks > 1 and "allreduce_fused_add_rmsnorm" in p.entries.values()]
+
+
+@pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
+def test_entry_before_the_communicator_exists_says_so(pkg, monkeypatch):
+    import importlib
+
+    import torch
+
+    from amd_kernels.comm import communicator
+
+    monkeypatch.setattr(communicator, "_current", None)
+    entry = importlib.import_module(pkg.module).allreduce_fused_add_rmsnorm
+    x = torch.zeros(1, 2880, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no communicator in this process"):
+        entry(x, x.clone(), torch.ones(2880, dtype=torch.bfloat16), 1e-5)
+
+
+@pytest.mark.skipif(not devices.current().emulated, reason="the absent-rank hang report is the emulator's")
+@pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
+def test_bad_inputs_across_ranks(pkg):
+    from harness.emulator import ranks
+
+    dims = {"hidden": 2880, "eps": 1e-5, "ranks": pkg.ranks}
+    results = ranks.run(multirank.bad_input_worker, world=pkg.ranks, args=(pkg.module, dims), timeout=6)
+    for rank, res in enumerate(results):
+        assert res["sizes"] and "ValueError" in res["sizes"] and "max_tokens" in res["sizes"], (rank, res)
+        assert res["too_many_tokens"] and res["too_many_tokens"].startswith("ValueError: x:"), (rank, res)
+        assert res["dtype"] and res["dtype"].startswith("TypeError: residual:"), (rank, res)
+        if rank == pkg.ranks - 1:
+            assert "absent_rank" not in res
+        else:
+            msg = res["absent_rank"] or ""
+            assert "RankHang" in msg and f"rank {rank}" in msg and "last system-scope load" in msg, (rank, msg)

@@ -43,6 +43,9 @@ import numpy as np
 
 TIMEOUT_ENV = "AMD_KERNELS_RANK_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0
+# Whole-process allowance beyond the hang timeout: 8 processes importing torch and FlyDSL, loading kernels
+# and running cases on 2 shared cores.
+ALARM_SLACK = 600
 
 _rank = None             # this process's rank when run() started it
 _timeout = None          # seconds a wave may keep sleeping before it is a hang
@@ -168,11 +171,11 @@ def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s):
                                 timeout=datetime.timedelta(seconds=timeout_s * 3 + 60))
 
         def on_alarm(signum, frame):
-            raise RankHang(f"rank {rank_}: still running after {timeout_s * 2:.0f} s (a spin loop without "
-                           f"s_sleep, or a host-side wait)\n" + "".join(traceback.format_stack(frame)))
+            raise RankHang(f"rank {rank_}: still running after {ALARM_SLACK + 2 * timeout_s:.0f} s (a spin loop "
+                           f"without s_sleep, or a host-side wait)\n" + "".join(traceback.format_stack(frame)))
 
         signal.signal(signal.SIGALRM, on_alarm)
-        signal.alarm(int(timeout_s * 2) + 1)
+        signal.alarm(int(ALARM_SLACK + 2 * timeout_s))
         # One workgroup order for every rank (see the module docstring); the wave interleaving may differ.
         with emulator.options(workgroup_order_seed=seed):
             result = fn(rank_, world, *args)
@@ -198,9 +201,10 @@ def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s):
 def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed: int | None = 0) -> list:
     """Run fn(rank, world, *args) in `world` rank processes; return their results in rank order.
 
-    Raises RankFailed naming the rank(s) that raised (with their traceback), died, or had not finished
-    `timeout` seconds (default: the emulator hang timeout x 3) after the last rank started. `seed` is the
-    workgroup-order seed every rank uses.
+    `timeout` is the hang timeout of the ranks' waits (default AMD_KERNELS_RANK_TIMEOUT or 120 s); a rank
+    process still running ALARM_SLACK + 2 x timeout seconds after it started is stopped by an alarm.
+    Raises RankFailed naming the rank(s) that raised (with their traceback), died, or gave no result.
+    `seed` is the workgroup-order seed every rank uses.
     """
     import torch
     import torch.multiprocessing as mp
@@ -213,7 +217,7 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
                  for r in range(world)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + 3 * t + 60  # startup (imports, JIT loads) of 8 processes on 2 cores
+        deadline = time.monotonic() + 3 * t + ALARM_SLACK + 60
         paths = [os.path.join(tmp, f"rank{r}.pkl") for r in range(world)]
         while time.monotonic() < deadline:
             if all(os.path.exists(x) or not p.is_alive() for x, p in zip(paths, procs)):
@@ -231,7 +235,7 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
                     continue
                 problems.append(f"rank {r}: {value}")
             elif p.is_alive():
-                problems.append(f"rank {r}: no result after {3 * t + 60:.0f} s")
+                problems.append(f"rank {r}: no result after {3 * t + ALARM_SLACK + 60:.0f} s")
             else:
                 problems.append(f"rank {r}: process exited with code {p.exitcode} and no result")
             results.append(None)
