@@ -10,6 +10,7 @@ with x[r] (the other inputs whole) after creating the package's communicator. A 
 - a second run, with garbage in the graph-padding rows, another workgroup order and wave interleaving and
   per-rank start delays, gives the same real-row bytes on every rank (determinism, harmless padding, no
   dependence on which rank arrives first);
+- nothing compiles after the entry's warm-up, on any rank;
 - on the emulator both runs are sanitized (missing waits, hazards; memory accesses must stay inside the
   entry's tensors and the communicator's buffers of all ranks).
 """
@@ -40,6 +41,7 @@ class MultiRankResult:
     ranks_equal: bool = True
     repeat_equal: bool = True
     rows_real: int = 0
+    compiles_after_warm_up: list = field(default_factory=list)
     counters: list = field(default_factory=list)  # per rank: bytes loaded / stored by the kernel launches
 
     def failures(self, cosine_min: float) -> list[str]:
@@ -51,6 +53,8 @@ class MultiRankResult:
             out.append("the second run (padding garbage, other orders and arrival times) gave other bytes")
         if self.rows_real == 0:
             out.append("no real row was checked")
+        if self.compiles_after_warm_up:
+            out.append(f"compiled after warm-up: {self.compiles_after_warm_up}")
         return out
 
 
@@ -76,12 +80,22 @@ def rank_worker(rank: int, world: int, module: str, entry_name: str, op: str, di
     Returns, per count, both runs' outputs and the first run's launch counters."""
     import importlib
 
+    from amd_kernels import compile_watch
     from amd_kernels.comm import communicator
 
     emulated = os.environ.get("AMD_KERNELS_DEVICE") == "emulator"
     entry = getattr(importlib.import_module(module), entry_name)
     comm = communicator.create(max_tokens=max(t for t, _, _ in counts), hidden=int(dims["hidden"]))
     entry.warm_up()
+    with compile_watch.recording() as events:
+        out = _cases(entry, comm, rank, op, dims, counts, emulated)
+    compiles = [str(e) for e in compile_watch.serving_compiles(events)]
+    for o in out:
+        o["compiles_after_warm_up"] = compiles
+    return out
+
+
+def _cases(entry, comm, rank, op, dims, counts, emulated) -> list:
     out = []
     for tokens, real, seed in counts:
         inputs = OPS[op].build_inputs(tokens, dims, seed)
@@ -141,6 +155,7 @@ def _judge(op, dims, tokens, real, seed, results) -> MultiRankResult:
                     else:
                         res.repeat_equal = False
         res.counters.append(rr["counters"])
+        res.compiles_after_warm_up += rr["compiles_after_warm_up"]
     inputs = spec.build_inputs(tokens, dims, seed)
     ref_inputs = {k: (v[:, :real] if k == "x" else v[:real] if k in spec.row_inputs else v)
                   for k, v in inputs.items()}
