@@ -173,6 +173,7 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
 
     - communicators created with different sizes on different ranks (every rank raises);
     - a token count above the registered buffer (names x), a wrong dtype (names residual);
+    - ranks calling with different token counts, with AMD_KERNELS_CHECK_RANKS=1 (names x and both ranks);
     - the last rank never calls: the others' launch stops with the emulator's hang report (ranks.py).
     """
     import importlib
@@ -197,6 +198,10 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
     catch("too_many_tokens", lambda: entry(**mine))
     small = {**{k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mine.items()}}
     catch("dtype", lambda: entry(**{**small, "residual": small["residual"].float()}))
+    os.environ["AMD_KERNELS_CHECK_RANKS"] = "1"  # the host-side cross-rank check (a debugging mode)
+    uneven = {**mine, "x": mine["x"][: 3 if rank == 0 else 2], "residual": mine["residual"][: 3 if rank == 0 else 2]}
+    catch("uneven_tokens", lambda: entry(**uneven))
+    del os.environ["AMD_KERNELS_CHECK_RANKS"]
     if rank != world - 1:
         from harness import emulator
 

@@ -103,6 +103,8 @@ def test_bad_inputs_across_ranks(pkg):
         assert res["sizes"] and "ValueError" in res["sizes"] and "max_tokens" in res["sizes"], (rank, res)
         assert res["too_many_tokens"] and res["too_many_tokens"].startswith("ValueError: x:"), (rank, res)
         assert res["dtype"] and res["dtype"].startswith("TypeError: residual:"), (rank, res)
+        uneven = res["uneven_tokens"] or ""
+        assert uneven.startswith("ValueError: x:") and "rank 0" in uneven and "3 tokens" in uneven, (rank, res)
         if rank == pkg.ranks - 1:
             assert "absent_rank" not in res
         else:

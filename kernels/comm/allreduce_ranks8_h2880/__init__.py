@@ -7,6 +7,8 @@ same token count, after amd_kernels.comm.communicator.create(group) on all 8 ran
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
 
+import os
+
 import torch
 
 from amd_kernels import host, warm_up
@@ -30,7 +32,24 @@ def _mode_of(*args, **kwargs) -> str:
     return "one_stage"
 
 
-def _stage(x: torch.Tensor, residual=None, weight=None):
+CHECK_RANKS_ENV = "AMD_KERNELS_CHECK_RANKS"
+
+
+def _check_across_ranks(comm, op: str, x: torch.Tensor) -> None:
+    """AMD_KERNELS_CHECK_RANKS=1: compare (entry, tokens, dtype) of all ranks on the host before the launch (a
+    round trip over the group per call: for debugging; without it a mismatch waits forever in the kernel)."""
+    import torch.distributed as dist
+
+    mine = (op, x.shape[0], str(x.dtype))
+    everyone = [None] * comm.ranks
+    dist.all_gather_object(everyone, mine, group=comm.group)
+    for r, theirs in enumerate(everyone):
+        if theirs != mine:
+            raise ValueError(f"x: rank {comm.rank} called {mine[0]} with {mine[1]} tokens of {mine[2]}, rank {r} "
+                             f"called {theirs[0]} with {theirs[1]} tokens of {theirs[2]}")
+
+
+def _stage(op: str, x: torch.Tensor, residual=None, weight=None):
     """Check the arguments; put x in this rank's registered input buffer. -> (communicator, tokens)."""
     comm = communicator.current()
     host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, H))
@@ -42,6 +61,8 @@ def _stage(x: torch.Tensor, residual=None, weight=None):
         raise ValueError(f"x: on device {x.device}, but the communicator's buffers are on {comm.device}")
     if tokens > comm.max_tokens:
         raise ValueError(f"x: {tokens} tokens, above the communicator's registered buffer of {comm.max_tokens}")
+    if os.environ.get(CHECK_RANKS_ENV, "") not in ("", "0"):
+        _check_across_ranks(comm, op, x)
     staged = comm.inputs[comm.rank]
     if tokens and x.data_ptr() != staged.data_ptr():
         staged[:tokens].copy_(x)
@@ -54,7 +75,7 @@ def _buffers(comm):
 
 @warm_up.entry(VARIANTS, _modes("allreduce"), _mode_of)
 def _allreduce(x: torch.Tensor) -> torch.Tensor:
-    comm, tokens = _stage(x)
+    comm, tokens = _stage("allreduce", x)
     out = torch.empty_like(x)
     if tokens:
         VARIANTS["allreduce.one_stage"](
@@ -67,7 +88,7 @@ def _allreduce(x: torch.Tensor) -> torch.Tensor:
 def _fused(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    comm, tokens = _stage(x, residual, weight)
+    comm, tokens = _stage("allreduce_fused_add_rmsnorm", x, residual, weight)
     out, residual_out = torch.empty_like(x), torch.empty_like(x)
     if tokens:
         VARIANTS["allreduce_fused_add_rmsnorm.one_stage"](
@@ -87,7 +108,7 @@ def _mx_outputs(x):
 def _fused_mx(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    comm, tokens = _stage(x, residual, weight)
+    comm, tokens = _stage("allreduce_fused_add_rmsnorm_mxfp8", x, residual, weight)
     q, scales = _mx_outputs(x)
     residual_out = torch.empty_like(x)
     if tokens:
