@@ -80,6 +80,9 @@ def cmd_run(args) -> int:
         if args.no_exec:
             continue
         rows = []
+        if pkg.ranks > 1:  # multi-rank kernels run on pkg.ranks ranks (harness/multirank.py)
+            failed |= _run_multirank(pkg, shape, wanted_tokens)
+            continue
         for count in shape.token_counts:
             if wanted_tokens and count.tokens not in wanted_tokens:
                 continue
@@ -106,6 +109,27 @@ def _projected(launches) -> str:
 
     us = costmodel.project_records(launches)["us"]
     return f"{'~' if any(r.workgroups_executed is not None for r in launches) else ''}{us:.2f}"
+
+
+def _run_multirank(pkg, shape, wanted_tokens) -> bool:
+    from harness import checks, multirank
+    from references import OPS
+
+    counts = [c for c in shape.token_counts if not wanted_tokens or c.tokens in wanted_tokens]
+    if not counts:
+        return False
+    triples = [(c.tokens, c.real, checks.seed_of(shape.id, c.tokens, c.real) % 100_000) for c in counts]
+    results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
+                                    world=pkg.ranks)
+    rows, failed = [], False
+    for c, res in zip(counts, results):
+        bad = res.failures(OPS[shape.op].cosine_min)
+        failed |= bool(bad)
+        cos = " ".join(f"{n}={v:.6f}" for n, v in res.cosines.items())
+        rows.append([c.tokens, c.real, cos, "yes" if res.ranks_equal else "NO",
+                     "yes" if res.repeat_equal else "NO", "ok" if not bad else "; ".join(bad)])
+    print(_table(["tokens", "real", "cosine", f"{pkg.ranks} ranks equal", "repeat equal", "result"], rows))
+    return failed
 
 
 def _all_entries():

@@ -33,6 +33,8 @@ class KernelPackage:
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. the MoE packages run
     # their small token counts whole)
     sample_above_tokens: int = 0
+    # multi-GPU kernels: the harness runs their cases on this many ranks (harness/multirank.py)
+    ranks: int = 1
 
     def import_entries(self) -> dict:
         mod = importlib.import_module(self.module)
@@ -68,5 +70,6 @@ def discover() -> dict[str, KernelPackage]:
             emulator_token_counts=tuple(data.get("emulator", {}).get("token_counts", ())),
             sample_above_tokens=int(data.get("sample_above_tokens", 0)),
             readme=decl.parent / "README.md",
+            ranks=int(data.get("ranks", 1)),
         )
     return packages

@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from . import mfma
+from . import mfma, ranks
 from .lanes import swizzle_source_lanes
 from .operands import bf16_bits_rne, exec_mask, parse_operand, raw_reader, row_of, scalar_reader
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
@@ -182,6 +182,9 @@ def _atomic_rmw(read_one, write_one, addrs, vals, op, cmp=None):
     return olds
 
 
+_local_rmw = _atomic_rmw
+
+
 def _global_read_one(a):
     return int(MEM8[a - MEM_BASE: a - MEM_BASE + 4].view(U32)[0])
 
@@ -249,6 +252,8 @@ def build_global(inst, ctx):
                 def apply():
                     _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
             _deliver(w, "vm", dmask, apply)
+        if "sc1" in inst.mods:  # multi-rank hook: a system-scope (flag) load, for hang reports (ranks.py)
+            return ranks.watch_flag_load(h, address, _active)
         return h
     drow = row_of(data_op, acc)
     shift_hi = d16 == "hi"
@@ -282,6 +287,7 @@ def _global_atomic(inst, ctx, what, address, data_op, dst, returns):
     op = ATOMIC32.get(what)
     if op is None and what != "cmpswap":
         return None
+    _atomic_rmw = ranks.system_rmw(inst, what) or _local_rmw  # multi-rank hook: sc1 = cross-process
 
     def h(w):
         act = _active(w)
@@ -524,6 +530,7 @@ def _buffer_atomic(inst, ctx, what, ba, data_op):
     op = ATOMIC32.get(what)
     if op is None and what != "cmpswap":
         return None
+    _atomic_rmw = ranks.system_rmw(inst, what) or _local_rmw  # multi-rank hook: sc1 = cross-process
 
     def h(w):
         act = _active(w)

@@ -344,7 +344,10 @@ def _branch_target(inst):
 
 def build_sopp(inst, ctx):
     name = inst.mnemonic
-    if name in ("s_nop", "s_waitcnt", "s_setprio", "s_sleep", "s_sched_barrier", "s_icache_inv",
+    if name == "s_sleep":  # multi-rank hook: yield the CPU, catch hangs (ranks.py)
+        from .ranks import build_sleep
+        return build_sleep(inst)
+    if name in ("s_nop", "s_waitcnt", "s_setprio", "s_sched_barrier", "s_icache_inv",
                 "s_incperflevel", "s_decperflevel", "s_ttracedata", "s_sethalt", "s_set_gpr_idx_off",
                 "s_waitcnt_vscnt", "s_waitcnt_vmcnt", "s_waitcnt_lgkmcnt", "s_waitcnt_expcnt", "s_dcache_wb",
                 "s_dcache_inv", "s_dcache_wb_vol", "s_dcache_inv_vol", "s_wakeup", "s_denorm_mode",

@@ -23,7 +23,7 @@ SONAME = "libamdhip64.so.7"
 BUILD_DIR = CACHE / "emulator"
 
 # Every exported HIP function carries the hip_4.2 version FlyDSL's runtime asks for.
-VERSION_SCRIPT = "hip_4.2 {\n  global: hip*; emuSetCallbacks;\n  local: *;\n};\n"
+VERSION_SCRIPT = "hip_4.2 {\n  global: hip*; emu*;\n  local: *;\n};\n"
 
 LOAD_CB = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
 GETFN_CB = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p)

@@ -1,0 +1,25 @@
+"""Several emulated GPUs (harness/emulator/ranks.py): IPC memory, cross-process atomics, hang reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.emulator import ranks
+from harness.emulator.tests import rank_programs as progs
+
+
+def test_ranks_exchange_flags_through_ipc_memory_and_count_with_system_atomics():
+    results = ranks.run(progs.flag_exchange, world=progs.WORLD, args=(None, 3), timeout=120)
+    for r, res in enumerate(results):
+        assert res["flags"] == [3] * progs.WORLD, f"rank {r} saw {res['flags']}"
+        # 4 ranks x 3 rounds x 64 lanes of one wave, each lane one atomic add on rank 0's page
+        assert res["counter"] == progs.WORLD * 3 * 64
+
+
+def test_a_rank_that_never_arrives_is_a_hang_report_not_a_stuck_test(monkeypatch):
+    monkeypatch.setenv(ranks.TIMEOUT_ENV, "4")
+    with pytest.raises(ranks.RankFailed) as err:
+        ranks.run(progs.flag_exchange, world=progs.WORLD, args=(3, 1), timeout=4)
+    msg = str(err.value)
+    assert "rank 0" in msg and "RankHang" in msg and "workgroup (0, 0, 0)" in msg, msg
+    assert "pc 0x" in msg and "last system-scope load" in msg and "read 0" in msg, msg

@@ -1,0 +1,210 @@
+"""The multi-rank case kind: an op whose kernel package declares `ranks = n` in its kernel.toml runs each
+case on n ranks (n emulated devices in n processes, harness/emulator/ranks.py; on a GPU node, n GPUs).
+
+The reference takes every rank's partial stacked in its input `x` [ranks, tokens, ...]; rank r calls the entry
+with x[r] (the other inputs whole) after creating the package's communicator. A case checks:
+- every rank's outputs are bitwise equal to every other rank's (an all-reduce must give all ranks the same
+  bits; no other all-reduce test checks this);
+- rank 0's results against the reference (real rows): cosine >= the op's threshold, and the results the
+  contract declares exact (`EXACT`) bitwise equal;
+- a second run, with garbage in the graph-padding rows, another workgroup order and wave interleaving and
+  per-rank start delays, gives the same real-row bytes on every rank (determinism, harmless padding, no
+  dependence on which rank arrives first);
+- nothing compiles after the entry's warm-up, on any rank;
+- on the emulator both runs are sanitized (missing waits, hazards; memory accesses must stay inside the
+  entry's tensors and the communicator's buffers of all ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from references import OPS, cosine
+
+# results (by to_float position) that the contract says are bitwise equal to the reference
+EXACT = {"allreduce": (0,), "allreduce_fused_add_rmsnorm": (1,), "allreduce_fused_add_rmsnorm_mxfp8": (1,)}
+COUNTER_KEYS = ("global_load_bytes", "global_store_bytes", "global_load_distinct_bytes", "global_atomic_bytes",
+                "wave_instructions", "workgroups")
+SANITIZE = os.environ.get("AMD_KERNELS_SANITIZE", "1") != "0"
+
+
+@dataclass
+class MultiRankResult:
+    cosines: dict = field(default_factory=dict)
+    exact: dict = field(default_factory=dict)  # result name -> bitwise equal to the reference
+    ranks_equal: bool = True
+    repeat_equal: bool = True
+    rows_real: int = 0
+    compiles_after_warm_up: list = field(default_factory=list)
+    counters: list = field(default_factory=list)  # per rank: bytes loaded / stored by the kernel launches
+
+    def failures(self, cosine_min: float) -> list[str]:
+        out = [f"{n}: cosine {c:.6f} < {cosine_min}" for n, c in self.cosines.items() if not c >= cosine_min]
+        out += [f"{n}: not bitwise equal to the reference" for n, ok in self.exact.items() if not ok]
+        if not self.ranks_equal:
+            out.append("ranks returned different bytes")
+        if not self.repeat_equal:
+            out.append("the second run (padding garbage, other orders and arrival times) gave other bytes")
+        if self.rows_real == 0:
+            out.append("no real row was checked")
+        if self.compiles_after_warm_up:
+            out.append(f"compiled after warm-up: {self.compiles_after_warm_up}")
+        return out
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().view(torch.uint8)
+
+
+def _pad(inputs: dict, real: int) -> dict:
+    """Garbage (NaN, +-65504, large noise) in rows real.. of x (every rank's) and of the residual."""
+    from harness.checks import fill_padding
+
+    out = fill_padding(inputs, tuple(n for n in ("residual",) if n in inputs), real, garbage=True)
+    out["x"] = torch.stack([fill_padding({"x": p}, ("x",), real, garbage=True)["x"] for p in inputs["x"]])
+    return out
+
+
+def rank_worker(rank: int, world: int, module: str, entry_name: str, op: str, dims: dict, counts: list) -> list:
+    """Runs in rank process `rank`: for each (tokens, real, seed) in `counts`, two runs of the entry.
+    Returns, per count, both runs' outputs and the first run's launch counters."""
+    import importlib
+
+    from amd_kernels import compile_watch
+    from amd_kernels.comm import communicator
+
+    emulated = os.environ.get("AMD_KERNELS_DEVICE") == "emulator"
+    entry = getattr(importlib.import_module(module), entry_name)
+    comm = communicator.create(max_tokens=max(t for t, _, _ in counts), hidden=int(dims["hidden"]))
+    entry.warm_up()
+    with compile_watch.recording() as events:
+        out = _cases(entry, comm, rank, op, dims, counts, emulated)
+    compiles = [str(e) for e in compile_watch.serving_compiles(events)]
+    for o in out:
+        o["compiles_after_warm_up"] = compiles
+    return out
+
+
+def _cases(entry, comm, rank, op, dims, counts, emulated) -> list:
+    out = []
+    for tokens, real, seed in counts:
+        inputs = OPS[op].build_inputs(tokens, dims, seed)
+        runs, counters = [], []
+        for attempt, case_inputs in enumerate((inputs, _pad(inputs, real))):
+            mine = {k: (v[rank].contiguous() if k == "x" else v) for k, v in case_inputs.items()}
+            if not emulated:
+                mine = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in mine.items()}
+            if attempt:  # other arrival times: a seeded per-rank delay before the second run
+                time.sleep(random.Random(seed * 31 + rank).uniform(0.0, 0.5))
+            outputs, records = _call(entry, mine, comm, emulated, order_seed=seed + attempt)
+            runs.append(tuple(o.cpu() for o in _as_tuple(outputs)))
+            counters.append([{"kernel": r.kernel_name, **{k: r.counters[k] for k in COUNTER_KEYS}}
+                             for r in records])
+        out.append({"runs": runs, "counters": counters[0]})
+    return out
+
+
+def _call(entry, inputs, comm, emulated, order_seed):
+    if not emulated:
+        out = entry(**inputs)
+        torch.cuda.synchronize()
+        return out, []
+    from harness import emulator
+
+    opts = dict(workgroup_order_seed=order_seed)  # the same on every rank (ranks.py)
+    if SANITIZE:
+        opts.update(sanitize=True, interleave_seed=order_seed)
+    roots = [inputs, comm.inputs, comm.signals]
+    guard = emulator.guard(roots) if SANITIZE else contextlib.nullcontext()
+    with emulator.options(**opts), emulator.launches() as records, guard:
+        out = entry(**inputs)
+    return out, list(records)
+
+
+def check_cases(module: str, entry_name: str, op: str, dims: dict, counts: list, world: int = 8) -> list:
+    """Run every (tokens, real, seed) of `counts` on `world` ranks (one set of rank processes for all);
+    returns a MultiRankResult per count."""
+    from harness.emulator import ranks
+
+    per_rank = ranks.run(rank_worker, world=world, args=(module, entry_name, op, dims, list(counts)),
+                         seed=counts[0][2])
+    return [_judge(op, dims, tokens, real, seed, [pr[i] for pr in per_rank])
+            for i, (tokens, real, seed) in enumerate(counts)]
+
+
+def _judge(op, dims, tokens, real, seed, results) -> MultiRankResult:
+    spec = OPS[op]
+    res = MultiRankResult(rows_real=real)
+    first = results[0]["runs"][0]
+    for rr in results:
+        for attempt, run in enumerate(rr["runs"]):
+            for a, b in zip(run, first):
+                if not torch.equal(_bytes(a[:real]), _bytes(b[:real])):
+                    if attempt == 0:
+                        res.ranks_equal = False
+                    else:
+                        res.repeat_equal = False
+        res.counters.append(rr["counters"])
+        res.compiles_after_warm_up += rr["compiles_after_warm_up"]
+    inputs = spec.build_inputs(tokens, dims, seed)
+    ref_inputs = {k: (v[:, :real] if k == "x" else v[:real] if k in spec.row_inputs else v)
+                  for k, v in inputs.items()}
+    want = spec.to_float(spec.reference(**ref_inputs))
+    got = spec.to_float(tuple(t[:real] for t in first))
+    for i, (name, g, w) in enumerate(zip(spec.result_names, got, want)):
+        res.cosines[name] = cosine(g, w)
+        if i in EXACT.get(op, ()):
+            res.exact[name] = torch.equal(g, w)
+    return res
+
+
+def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
+    """Runs in each rank: the errors a multi-rank fused entry must give (messages returned, not raised).
+
+    - communicators created with different sizes on different ranks (every rank raises);
+    - a token count above the registered buffer (names x), a wrong dtype (names residual);
+    - ranks calling with different token counts, with AMD_KERNELS_CHECK_RANKS=1 (names x and both ranks);
+    - the last rank never calls: the others' launch stops with the emulator's hang report (ranks.py).
+    """
+    import importlib
+
+    from amd_kernels.comm import communicator
+
+    entry = importlib.import_module(module).allreduce_fused_add_rmsnorm
+    entry.warm_up()
+    out = {}
+
+    def catch(key, fn):
+        try:
+            fn()
+            out[key] = None
+        except Exception as e:  # noqa: BLE001 - the message is the result
+            out[key] = f"{type(e).__name__}: {e}"
+
+    catch("sizes", lambda: communicator.create(max_tokens=4 if rank else 8, hidden=int(dims["hidden"])))
+    communicator.create(max_tokens=4, hidden=int(dims["hidden"]))
+    inputs = OPS["allreduce_fused_add_rmsnorm"].build_inputs(5, dims, 0)
+    mine = {**inputs, "x": inputs["x"][rank].contiguous()}
+    catch("too_many_tokens", lambda: entry(**mine))
+    small = {**{k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mine.items()}}
+    catch("dtype", lambda: entry(**{**small, "residual": small["residual"].float()}))
+    os.environ["AMD_KERNELS_CHECK_RANKS"] = "1"  # the host-side cross-rank check (a debugging mode)
+    uneven = {**mine, "x": mine["x"][: 3 if rank == 0 else 2], "residual": mine["residual"][: 3 if rank == 0 else 2]}
+    catch("uneven_tokens", lambda: entry(**uneven))
+    del os.environ["AMD_KERNELS_CHECK_RANKS"]
+    if rank != world - 1:
+        from harness import emulator
+
+        with emulator.options(workgroup_order_seed=0):
+            catch("absent_rank", lambda: entry(**small))
+    return out

@@ -1,0 +1,133 @@
+"""Multi-rank kernels (kernel.toml `ranks = n`), generated from the regimes: every case on n ranks, all ranks
+bitwise equal and matching the reference (harness/multirank.py).
+
+Starting n rank processes costs more than a case, so the first case of an (op, shape) runs all of that
+shape's selected token counts in one set of rank processes and the others read its results.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import cases, checks, discovery, multirank
+from harness import device as devices
+from references import OPS
+
+PACKAGES = discovery.discover()
+SHAPES = [s for s in cases.op_shapes() if s.kernel in PACKAGES and PACKAGES[s.kernel].ranks > 1]
+FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
+
+
+def _runs(shape, count) -> bool:
+    subset = PACKAGES[shape.kernel].emulator_token_counts
+    return FULL or not devices.current().emulated or not subset or count.tokens in subset
+
+
+def _param(shape, count):
+    marks = []
+    if not _runs(shape, count):
+        marks.append(pytest.mark.skip(reason=f"emulator: {count.tokens} tokens is outside kernels/{shape.kernel}"
+                                      "'s emulated set; AMD_KERNELS_FULL=1 runs it"))
+    return pytest.param(shape, count, id=f"{shape.kernel}:{shape.op}:m{count.tokens}r{count.real}", marks=marks)
+
+
+CASES = [_param(shape, count) for shape in SHAPES for count in shape.token_counts]
+_results: dict = {}
+
+
+def _seed(shape, count) -> int:
+    return checks.seed_of(shape.id, count.tokens, count.real) % 100_000
+
+
+def _result(shape, count) -> multirank.MultiRankResult:
+    if shape.id not in _results:
+        pkg = PACKAGES[shape.kernel]
+        counts = [c for c in shape.token_counts if _runs(shape, c)]
+        triples = [(c.tokens, c.real, _seed(shape, c)) for c in counts]
+        results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
+                                        world=pkg.ranks)
+        _results[shape.id] = {(c.tokens, c.real): r for c, r in zip(counts, results)}
+    return _results[shape.id][(count.tokens, count.real)]
+
+
+@pytest.mark.parametrize("shape,count", CASES)
+def test_multirank(shape, count):
+    result = _result(shape, count)
+    assert result.failures(OPS[shape.op].cosine_min) == [], result
+
+
+@pytest.mark.parametrize("shape", list({(s.kernel, s.op): s for s in SHAPES}.values()), ids=lambda s: s.id)
+def test_isa_cards(shape):
+    """Every variant the entry can hit compiles for gfx950 with no scratch and no rule violation."""
+    from harness.isa import cards, code_object_of
+
+    pkg = PACKAGES[shape.kernel]
+    entry = pkg.import_entries()[pkg.entry_for_op(shape.op)]
+    entry.warm_up()
+    keys = sorted({k for ks in entry.modes.values() for k in ks})
+    assert keys
+    for key in keys:
+        for card in cards(code_object_of(entry.table[key])):
+            assert card.violations() == [], f"{key}: {card}"
+
+
+BAD_INPUT_PACKAGES = [p for p in PACKAGES.values()
+                      if p.ranks > 1 and "allreduce_fused_add_rmsnorm" in p.entries.values()]
+
+
+@pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
+def test_entry_before_the_communicator_exists_says_so(pkg, monkeypatch):
+    import importlib
+
+    import torch
+
+    from amd_kernels.comm import communicator
+
+    monkeypatch.setattr(communicator, "_current", None)
+    entry = importlib.import_module(pkg.module).allreduce_fused_add_rmsnorm
+    x = torch.zeros(1, 2880, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no communicator in this process"):
+        entry(x, x.clone(), torch.ones(2880, dtype=torch.bfloat16), 1e-5)
+
+
+@pytest.mark.skipif(not devices.current().emulated, reason="the absent-rank hang report is the emulator's")
+@pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
+def test_bad_inputs_across_ranks(pkg):
+    from harness.emulator import ranks
+
+    dims = {"hidden": 2880, "eps": 1e-5, "ranks": pkg.ranks}
+    results = ranks.run(multirank.bad_input_worker, world=pkg.ranks, args=(pkg.module, dims), timeout=6)
+    for rank, res in enumerate(results):
+        assert res["sizes"] and "ValueError" in res["sizes"] and "max_tokens" in res["sizes"], (rank, res)
+        assert res["too_many_tokens"] and res["too_many_tokens"].startswith("ValueError: x:"), (rank, res)
+        assert res["dtype"] and res["dtype"].startswith("TypeError: residual:"), (rank, res)
+        uneven = res["uneven_tokens"] or ""
+        assert uneven.startswith("ValueError: x:") and "rank 0" in uneven and "3 tokens" in uneven, (rank, res)
+        if rank == pkg.ranks - 1:
+            assert "absent_rank" not in res
+        else:
+            msg = res["absent_rank"] or ""
+            assert "RankHang" in msg and f"rank {rank}" in msg and "last system-scope load" in msg, (rank, msg)
+
+
+def test_the_judge_catches_a_rank_that_differs_and_a_wrong_sum():
+    """multirank's comparison (no processes): one flipped bit on one rank, or on all of them, fails."""
+    import torch
+
+    from references import allreduce as ar
+
+    dims = {"hidden": 2880, "ranks": 8}
+    inputs = OPS["allreduce"].build_inputs(3, dims, 9)
+    (good,) = ar.allreduce(inputs["x"])
+    runs = [{"runs": [(good.clone(),), (good.clone(),)], "counters": [], "compiles_after_warm_up": []}
+            for _ in range(8)]
+    assert multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999) == []
+    bad = good.clone()
+    bad.view(torch.int16)[1, 7] ^= 1
+    runs[3]["runs"][0] = (bad,)
+    assert "ranks returned different bytes" in multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999)
+    runs = [{"runs": [(bad,)] * 2, "counters": [], "compiles_after_warm_up": []}] * 8  # all agree, all wrong
+    fails = multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999)
+    assert fails == ["sum: not bitwise equal to the reference"]

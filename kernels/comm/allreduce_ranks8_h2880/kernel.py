@@ -1,0 +1,266 @@
+"""TP8 all-reduce of bf16 rows of 2880, alone or fused with the residual add and RMSNorm (+ MXFP8), on MI355X.
+
+One-stage algorithm: every rank's partial rows sit in its registered (IPC) input buffer; workgroup b of
+every rank owns token row b (and rows b + 512, b + 1024, ... above 512 rows, one after another): it waits
+until all 8 ranks have published their rows for this call, reads the row from all 8 buffers, sums in fp32
+in rank order 0..7 (so every rank computes the same bits), rounds to bf16 and writes its own outputs (all
+ranks write the full result). Then a closing barrier: the workgroup tells every peer it has finished reading
+their row and waits until every peer has done the same, so no rank can overwrite its input buffer (the next
+call's copy) while a peer may still read it.
+
+Flags (int32, in each rank's uncached signal buffer of SIGNAL_SLOTS, allocated by comm/communicator.py):
+  start[b][r]  rank r has published workgroup b's row for epoch e (written by rank r into every rank's buffer)
+  end[b][r]    rank r has finished reading that row (same)
+  epoch[b]     the last epoch workgroup b of this rank completed (only this rank writes it)
+For each row, workgroup b reads epoch[b] + 1 and waits for flags *equal* to it, so a flag left by an older
+call never satisfies a wait and no flag is ever reset: CUDA-graph replays (same kernel arguments every
+time) see fresh epochs. Stores of flags are release/system-scope, loads acquire/system-scope; no atomics.
+Every rank must call with the same token count M (the same workgroups run everywhere).
+
+Launchers (every tensor row-major and contiguous; M the runtime token count; blocks = grid_blocks(M)):
+  allreduce(x0..x7, s0..s7, me, out, M, rank, blocks, stream)
+  fused_add_rmsnorm(x0..x7, s0..s7, me, residual, weight, out, residual_out, M, rank, eps, blocks, stream)
+  fused_add_rmsnorm_mxfp8(x0..x7, s0..s7, me, residual, weight, q, scales, residual_out, M, rank, eps, blocks,
+                          stream)
+with x_r: rank r's input buffer as mapped here (bf16 [capacity, 2880], rows 0..M-1 live), s_r: rank r's signal
+buffer (int32), me = s_rank; residual, out, residual_out bf16 [M, 2880]; weight bf16 [2880]; q float8_e4m3fn
+[M, 2880]; scales uint8 [M, 90].
+
+Per-row design: one wave per row, as norm/rmsnorm_h2880's decode tier (and its row helpers): lane l holds
+16-byte vectors l, l+64, ... of the row (6 slots, the last 40 lanes live, the descriptor bounded to the row
+so idle lanes read zeros and drop stores); the row sum of squares is a DPP reduction.
+"""
+
+from __future__ import annotations
+
+import flydsl.compiler as flyc
+import flydsl.expr as fx
+import torch
+from flydsl.compiler.ast_rewriter import ASTRewriter
+from flydsl.expr import range_constexpr, rocdl
+
+from amd_kernels.common import bf16, buffer, wave
+from amd_kernels.norm.rmsnorm_h2880 import kernel as rms  # the row helpers of the same hidden size
+
+H = rms.H
+RANKS = 8
+ELEM_BYTES = 2
+SLOTS, SLOT_BYTES, SCALES = rms.SLOTS, rms.SLOT_BYTES, rms.SCALES
+LANES = wave.WAVE
+
+# Signal buffer layout (int32 slots), for up to MAX_BLOCKS workgroups (= token rows of one call).
+MAX_BLOCKS = 512
+START = 0
+END = START + MAX_BLOCKS * RANKS
+EPOCH = END + MAX_BLOCKS * RANKS
+SIGNAL_SLOTS = EPOCH + MAX_BLOCKS
+SLEEP = 1  # s_sleep 1 = 64 clocks between polls
+
+
+def grid_blocks(m: int) -> int:
+    """Workgroups of a launch: one per row up to MAX_BLOCKS; beyond, workgroup b takes rows b, b + blocks, ..."""
+    return max(1, min(m, MAX_BLOCKS))
+
+_ACQ, _REL = fx.AtomicOrdering.Acquire, fx.AtomicOrdering.Release
+_SYSTEM = "one-as"
+
+
+def _at(t, index):
+    return fx.add_offset(fx.get_iter(t), fx.Int64(index))
+
+
+def _publish(sigs, slot, value):
+    """Store `value` to int32 `slot` of every rank's signal buffer (release, system scope)."""
+    for s in sigs:
+        fx.generic_store(_at(s, slot), value, memory_order=_REL, syncscope=_SYSTEM)
+
+
+def _wait_all(me, first_slot, value):
+    """Spin (sleeping between polls) until slots first_slot .. +7 of my signal buffer all equal `value`."""
+    for r in range_constexpr(RANKS):
+        v = fx.generic_load(_at(me, first_slot + r), memory_order=_ACQ, syncscope=_SYSTEM)
+        while v != value:
+            rocdl.s_sleep(SLEEP)
+            v = fx.generic_load(_at(me, first_slot + r), memory_order=_ACQ, syncscope=_SYSTEM)
+
+
+# A helper's dynamic `while` needs FlyDSL's AST rewrite, which @flyc.kernel applies only to the kernel body.
+_wait_all = ASTRewriter.transform(_wait_all)
+
+
+def _start(sigs, me, wg, rank):
+    """The opening barrier of workgroup `wg`: returns this row's epoch once every rank has published it."""
+    epoch = fx.generic_load(_at(me, EPOCH + wg)) + 1
+    _publish(sigs, START + wg * RANKS + rank, epoch)
+    _wait_all(me, START + wg * RANKS, epoch)
+    return epoch
+
+
+def _finish(sigs, me, wg, rank, epoch):
+    """The closing barrier: every rank has read this row of every input buffer; then record the epoch."""
+    _publish(sigs, END + wg * RANKS + rank, epoch)
+    _wait_all(me, END + wg * RANKS, epoch)
+    fx.generic_store(_at(me, EPOCH + wg), epoch)
+
+
+def _sum_row(xs, row, lane):
+    """The row summed over the 8 input buffers in fp32, rank order 0..7, rounded to bf16 (packed slots)."""
+    rsrcs = [buffer.row_resource(x, row, H, ELEM_BYTES) for x in xs]
+    summed = []
+    for j in range_constexpr(SLOTS):
+        off = lane * buffer.VEC_BYTES + j * SLOT_BYTES
+        parts = [buffer.load_x4(rs, off) for rs in rsrcs]
+        acc = bf16.unpack(parts[0])
+        for r in range_constexpr(1, RANKS):
+            acc = acc + bf16.unpack(parts[r])
+        summed.append(bf16.pack(acc))
+    return summed
+
+
+def _add_residual(s, res_t, res_out_t, row, lane):
+    """new residual = bf16(sum + residual) (fp32 add), stored to residual_out; returns it (packed slots)."""
+    res = buffer.row_resource(res_t, row, H, ELEM_BYTES)
+    res_out = buffer.row_resource(res_out_t, row, H, ELEM_BYTES)
+    out = []
+    for j in range_constexpr(SLOTS):
+        off = lane * buffer.VEC_BYTES + j * SLOT_BYTES
+        r = bf16.pack(bf16.unpack(s[j]) + bf16.unpack(buffer.load_x4(res, off)))
+        buffer.store(r, res_out, off)
+        out.append(r)
+    return out
+
+
+def _weight(w_t, lane):
+    return rms._load_row(buffer.tensor_resource(w_t, H * ELEM_BYTES), lane)
+
+
+KW = {"known_block_size": [LANES, 1, 1]}
+
+
+@flyc.kernel(name=f"allreduce_ranks{RANKS}_h{H}", **KW)
+def k_allreduce(
+    x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
+    x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, out: fx.Tensor, m: fx.Int32, rank: fx.Int32, blocks: fx.Int32,
+):
+    lane, wg = fx.thread_idx.x % LANES, fx.block_idx.x
+    xs, sigs = (x0, x1, x2, x3, x4, x5, x6, x7), (s0, s1, s2, s3, s4, s5, s6, s7)
+    for row in range(wg, m, blocks):
+        epoch = _start(sigs, me, wg, rank)
+        s = _sum_row(xs, row, lane)
+        dst = buffer.row_resource(out, row, H, ELEM_BYTES)
+        for j in range_constexpr(SLOTS):
+            buffer.store(s[j], dst, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
+        _finish(sigs, me, wg, rank, epoch)
+
+
+@flyc.kernel(name=f"allreduce_fused_add_rmsnorm_ranks{RANKS}_h{H}", **KW)
+def k_fused(
+    x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
+    x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, out: fx.Tensor,
+    residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
+):
+    lane, wg = fx.thread_idx.x % LANES, fx.block_idx.x
+    xs, sigs = (x0, x1, x2, x3, x4, x5, x6, x7), (s0, s1, s2, s3, s4, s5, s6, s7)
+    ws = _weight(weight, lane)
+    for row in range(wg, m, blocks):
+        epoch = _start(sigs, me, wg, rank)
+        s = _sum_row(xs, row, lane)
+        _finish(sigs, me, wg, rank, epoch)  # the peers' rows are in registers: release the buffers early
+        r = _add_residual(s, residual, residual_out, row, lane)
+        rms._store_bf16(lane, row, r, ws, rms._rstd(r, eps), out)
+
+
+@flyc.kernel(name=f"allreduce_fused_add_rmsnorm_mxfp8_ranks{RANKS}_h{H}", **KW)
+def k_fused_mx(
+    x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
+    x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, q: fx.Tensor,
+    scales: fx.Tensor, residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
+):
+    lane, wg = fx.thread_idx.x % LANES, fx.block_idx.x
+    xs, sigs = (x0, x1, x2, x3, x4, x5, x6, x7), (s0, s1, s2, s3, s4, s5, s6, s7)
+    ws = _weight(weight, lane)
+    for row in range(wg, m, blocks):
+        epoch = _start(sigs, me, wg, rank)
+        s = _sum_row(xs, row, lane)
+        _finish(sigs, me, wg, rank, epoch)
+        r = _add_residual(s, residual, residual_out, row, lane)
+        rms._store_mxfp8(lane, row, r, ws, rms._rstd(r, eps), q, scales)
+
+
+@flyc.jit
+def allreduce(
+    x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
+    x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, out: fx.Tensor, m: fx.Int32, rank: fx.Int32, blocks: fx.Int32,
+    stream: fx.Stream = fx.Stream(None),
+):
+    k_allreduce(x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, out, m, rank, blocks).launch(
+        grid=(blocks, 1, 1), block=(LANES, 1, 1), stream=stream
+    )
+
+
+@flyc.jit
+def fused_add_rmsnorm(
+    x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
+    x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, out: fx.Tensor,
+    residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
+    stream: fx.Stream = fx.Stream(None),
+):
+    k_fused(
+        x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, residual, weight, out, residual_out,
+        m, rank, eps, blocks,
+    ).launch(grid=(blocks, 1, 1), block=(LANES, 1, 1), stream=stream)
+
+
+@flyc.jit
+def fused_add_rmsnorm_mxfp8(
+    x0: fx.Tensor, x1: fx.Tensor, x2: fx.Tensor, x3: fx.Tensor, x4: fx.Tensor, x5: fx.Tensor, x6: fx.Tensor,
+    x7: fx.Tensor, s0: fx.Tensor, s1: fx.Tensor, s2: fx.Tensor, s3: fx.Tensor, s4: fx.Tensor, s5: fx.Tensor,
+    s6: fx.Tensor, s7: fx.Tensor, me: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, q: fx.Tensor,
+    scales: fx.Tensor, residual_out: fx.Tensor, m: fx.Int32, rank: fx.Int32, eps: fx.Float32, blocks: fx.Int32,
+    stream: fx.Stream = fx.Stream(None),
+):
+    k_fused_mx(
+        x0, x1, x2, x3, x4, x5, x6, x7, s0, s1, s2, s3, s4, s5, s6, s7, me, residual, weight, q, scales,
+        residual_out, m, rank, eps, blocks,
+    ).launch(grid=(blocks, 1, 1), block=(LANES, 1, 1), stream=stream)
+
+
+# Example arguments (M = 1 CPU tensors): shapes are dynamic in the compiled code, so one specialization
+# serves every M and every rank (the buffers' addresses are arguments).
+_EPS = 1e-5
+
+
+def _bf16(*shape):
+    return torch.zeros(*shape, dtype=torch.bfloat16)
+
+
+def _common(m):
+    xs = [_bf16(m, H) for _ in range(RANKS)]
+    sigs = [torch.zeros(SIGNAL_SLOTS, dtype=torch.int32) for _ in range(RANKS)]
+    return (*xs, *sigs, sigs[0])
+
+
+def _args_allreduce(m: int = 1):
+    return (*_common(m), _bf16(m, H), m, 0, grid_blocks(m))
+
+
+def _args_fused(m: int = 1):
+    return (*_common(m), _bf16(m, H), _bf16(H), _bf16(m, H), _bf16(m, H), m, 0, _EPS, grid_blocks(m))
+
+
+def _args_fused_mx(m: int = 1):
+    q = torch.zeros(m, H, dtype=torch.float8_e4m3fn)
+    s = torch.zeros(m, SCALES, dtype=torch.uint8)
+    return (*_common(m), _bf16(m, H), _bf16(H), q, s, _bf16(m, H), m, 0, _EPS, grid_blocks(m))
+
+
+VARIANTS = {
+    "allreduce.one_stage": (allreduce, _args_allreduce),
+    "allreduce_fused_add_rmsnorm.one_stage": (fused_add_rmsnorm, _args_fused),
+    "allreduce_fused_add_rmsnorm_mxfp8.one_stage": (fused_add_rmsnorm_mxfp8, _args_fused_mx),
+}
