@@ -268,19 +268,21 @@ BOUNDED_SHAPES = [s for s in ENTRY_SHAPES.values() if not s.kernel.startswith("m
 
 @pytest.mark.parametrize("shape", BOUNDED_SHAPES, ids=lambda s: s.id)
 def test_token_count_bound(shape):
-    """Above its token bound an entry raises an error naming x and the bound; the bound covers the regimes'
-    largest prefill, and a batch of exactly the bound passes the token check (zero-stride rows: no memory)."""
+    """Above its token bound an entry raises an error naming its token-row input (x, qkv, ...) and the bound;
+    the bound covers the regimes' largest prefill, and a batch of exactly the bound passes the token check
+    (zero-stride rows: no memory)."""
     _, entry = _entry(shape)
     entry.warm_up()
     limit = entry.max_tokens
     assert limit >= max(c.tokens for c in shape.token_counts)
     inputs = _inputs(shape, 1, 3)
+    name = OPS[shape.op].row_inputs[0]
     for rows in (limit + 1, limit):
-        huge = {**inputs, "x": inputs["x"][:1].expand(rows, *inputs["x"].shape[1:])}
+        huge = {**inputs, name: inputs[name][:1].expand(rows, *inputs[name].shape[1:])}
         with pytest.raises(ValueError) as err:
             entry(**huge)
         if rows > limit:
-            assert str(err.value).startswith("x: ") and str(limit) in str(err.value), err.value
+            assert str(err.value).startswith(f"{name}: ") and str(limit) in str(err.value), err.value
         else:  # past the bound check: the next check rejects the zero-stride x
             assert "token rows" not in str(err.value) and "contiguous" in str(err.value), err.value
 
