@@ -9,10 +9,11 @@ This package imports only torch and numpy.
 """
 
 from references.op import Op, cosine
-from references import gemm, moe, norm
+from references import attention, gemm, moe, norm
 
 OPS: dict[str, Op] = {op.name: op for op in norm.OPS}
 OPS.update({op.name: op for op in moe.OPS})
 OPS.update({op.name: op for op in gemm.OPS})
+OPS.update({op.name: op for op in attention.OPS})
 
 __all__ = ["OPS", "Op", "cosine"]

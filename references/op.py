@@ -17,6 +17,12 @@ class Op:
     result_names: tuple[str, ...]  # a name per to_float result, for reports
     cosine_min: float  # each result's cosine against the reference must reach this
     row_inputs: tuple[str, ...]  # inputs whose first dim is the token dim (graph padding rows live there)
+    # (inputs, real) -> inputs with rows real.. made graph padding in the op's other inputs too (e.g. the
+    # sequence metadata of attention); None: the row inputs' padding rows are all there is.
+    pad_inputs: Callable | None = None
+    # (inputs, sequences) -> (inputs of those sequences alone, their rows in the full batch): ops whose
+    # batch is a list of sequences declare it, and the harness checks batch invariance with it.
+    sub_batch: Callable | None = None
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
