@@ -170,7 +170,7 @@ def _same_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> bool:
 
 def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, sample):
     """Runs with garbage padding, the same in another workgroup order / interleaving, and zero padding."""
-    clean = op.build_inputs(tokens, dims, seed)
+    clean = built_inputs(op, tokens, real, dims, seed)
     entry_name = package.entry_for_op(op_name)
     garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
     zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
@@ -178,6 +178,13 @@ def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, samp
     second = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=sample)
     zero_padded = _run(entry, zero_in, order_seed=None, sample=sample)
     return clean, first, second, zero_padded
+
+
+def built_inputs(op, tokens: int, real: int, dims: dict, seed: int) -> dict:
+    """The op's seeded inputs at `tokens` rows, rows real.. made graph padding in its other inputs too
+    (`Op.pad_inputs`, e.g. attention's sequence metadata); the row inputs' padding is filled later."""
+    clean = op.build_inputs(tokens, dims, seed)
+    return op.pad_inputs(clean, real) if op.pad_inputs is not None and real < tokens else clean
 
 
 def _sampling(package, real: int, seed: int) -> dict:
@@ -264,3 +271,35 @@ def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sam
         rows_any |= m.reshape(real, -1).any(dim=1)
     result.rows_checked = int(rows_any.sum())
     return result
+
+
+def check_batch_invariance(package, entry, op_name: str, dims: dict, tokens: int, real: int, seed: int) -> dict:
+    """Ops with `Op.sub_batch` (a batch of sequences): the sequences owning a few seeded real rows give the
+    same output bytes alone as inside the full batch (graph padding in garbage). On the emulator, a package
+    sampled by "tokens" runs only those rows' workgroups in both runs, and the bytes both runs stored are
+    compared. -> {"rows": rows compared, "elements": elements compared, "same": bool}."""
+    op = OPS[op_name]
+    dev = devices.current().torch_device
+    entry_name = package.entry_for_op(op_name)
+    clean = built_inputs(op, tokens, real, dims, seed)
+    picked = sorted(random.Random(seed_of("invariance", seed)).sample(range(real), min(real, EMULATOR_SAMPLE_TOKENS)))
+    sub, rows = op.sub_batch(clean, picked)
+    sampled = devices.current().emulated and package.workgroups == "tokens"
+
+    def run(inputs, wanted):
+        sample = {}
+        if sampled:
+            chooser = getattr(importlib.import_module(package.module), "emulator_workgroups")
+            sample = dict(workgroup_filter=functools.partial(chooser, frozenset(wanted)))
+        return _run(entry, to_device(package.entry_inputs(entry_name, inputs), dev), order_seed=None, sample=sample)
+
+    (full, *_), full_rec = run(fill_padding(clean, op.row_inputs, real, True), rows)
+    (alone, *_), alone_rec = run(sub, range(len(rows)))
+    idx = torch.tensor(rows, dtype=torch.long)
+    a = full.detach().cpu()[idx]
+    b = alone.detach().cpu()[: len(rows)]
+    mask = torch.ones(a.shape, dtype=torch.bool)
+    if sampled:
+        mask = stored_mask(full_rec, full.detach().cpu().contiguous())[idx] & \
+            stored_mask(alone_rec, alone.detach().cpu().contiguous())[: len(rows)]
+    return {"rows": len(rows), "elements": int(mask.sum()), "same": _same_masked(a, b, mask)}

@@ -63,6 +63,19 @@ def test_numerics(shape, count):
     assert result.failures(OPS[shape.op].cosine_min) == [], result
 
 
+INVARIANCE_CASES = [_numeric_param(shape, count) for shape in SHAPES if OPS[shape.op].sub_batch is not None
+                    for count in shape.token_counts]
+
+
+@pytest.mark.parametrize("shape,count", INVARIANCE_CASES)
+def test_batch_invariance(shape, count):
+    """A few sequences' output bits are the same alone as inside the (padded) batch."""
+    pkg, entry = _entry(shape)
+    seed = checks.seed_of("invariance", shape.id, count.tokens, count.real)
+    result = checks.check_batch_invariance(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+    assert result["elements"] > 0 and result["same"], result
+
+
 ENTRY_SHAPES = {(s.kernel, s.op): s for s in SHAPES}
 
 

@@ -203,19 +203,19 @@ def pad_paged_attention(inputs: dict, real: int) -> dict:
     return out
 
 
-def sub_batch_paged_attention(inputs: dict, seqs: list[int]) -> dict:
-    """The inputs of sequences `seqs` alone (the same cache and blocks): for the batch-invariance check.
-    Returns the inputs and the query rows (into the full batch's q) the sub-batch's rows correspond to."""
+def sub_batch_paged_attention(inputs: dict, rows: list[int]) -> tuple[dict, list[int]]:
+    """The sequences owning query rows `rows`, alone (same cache, same blocks): for the batch-invariance
+    check. -> (their inputs, the full batch's rows that the sub-batch's rows 0, 1, ... correspond to)."""
     cu = inputs["cu_seqlens_q"].tolist()
-    rows = [r for b in seqs for r in range(cu[b], cu[b + 1])]
-    q_lens = [cu[b + 1] - cu[b] for b in seqs]
+    seqs = sorted({b for r in rows for b in range(len(cu) - 1) if cu[b] <= r < cu[b + 1]})
+    full_rows = [r for b in seqs for r in range(cu[b], cu[b + 1])]
     sub_cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    sub_cu[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
+    sub_cu[1:] = torch.tensor([cu[b + 1] - cu[b] for b in seqs], dtype=torch.int32).cumsum(0)
     idx = torch.tensor(seqs, dtype=torch.long)
     sub = dict(inputs)
-    sub.update(q=inputs["q"][torch.tensor(rows, dtype=torch.long)].contiguous(), cu_seqlens_q=sub_cu,
+    sub.update(q=inputs["q"][torch.tensor(full_rows, dtype=torch.long)].contiguous(), cu_seqlens_q=sub_cu,
                seq_lens=inputs["seq_lens"][idx].contiguous(), block_table=inputs["block_table"][idx].contiguous())
-    return sub, rows
+    return sub, full_rows
 
 
 OPS = (

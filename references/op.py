@@ -20,8 +20,9 @@ class Op:
     # (inputs, real) -> inputs with rows real.. made graph padding in the op's other inputs too (e.g. the
     # sequence metadata of attention); None: the row inputs' padding rows are all there is.
     pad_inputs: Callable | None = None
-    # (inputs, sequences) -> (inputs of those sequences alone, their rows in the full batch): ops whose
-    # batch is a list of sequences declare it, and the harness checks batch invariance with it.
+    # (inputs, rows) -> (inputs of the sequences owning those token rows, alone; the full batch's rows the
+    # sub-batch's rows 0, 1, ... are): ops whose batch is a list of sequences declare it, and the harness
+    # checks batch invariance with it.
     sub_batch: Callable | None = None
 
 
