@@ -57,8 +57,8 @@ def fill_padding(inputs: dict, row_inputs: tuple, real: int, garbage: bool) -> d
             if garbage:
                 noise = torch.randn(pad.shape, generator=torch.Generator().manual_seed(real)) * 1e4
                 pattern = torch.tensor([float("nan"), 65504.0, -65504.0, 0.0])
-                row_kind = torch.arange(pad.shape[0]) % 4
-                values = torch.where((row_kind == 3).unsqueeze(-1), noise, pattern[row_kind].unsqueeze(-1))
+                row_kind = (torch.arange(pad.shape[0]) % 4).view(-1, *([1] * (pad.dim() - 1)))  # any rank
+                values = torch.where(row_kind == 3, noise, pattern[row_kind])
                 pad.copy_(values.to(t.dtype))
             else:
                 pad.zero_()
