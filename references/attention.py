@@ -116,10 +116,23 @@ def _garbage(shape, gen) -> torch.Tensor:
     return torch.where(kind == 4, noise, pattern[kind.clamp(max=3)]).to(torch.bfloat16)
 
 
+def _fill_blocks(cache: torch.Tensor, ids: list[int], keys: int, pool: torch.Tensor, gen) -> None:
+    """The first `keys` slots of blocks `ids` (in order) of `cache` [num_blocks, 64, hkv, 64] <- N(0, 1)
+    bf16 values: block j gets pool[s_j : s_j + its element count], s_j seeded uniform (distinct blocks)."""
+    per_block = cache[0].numel()
+    starts = torch.randint(0, pool.numel() - per_block + 1, (len(ids),), generator=gen).tolist()
+    for j, (blk, s) in enumerate(zip(ids, starts)):
+        n = min(BLOCK_SIZE, keys - j * BLOCK_SIZE)
+        cache[blk, :n] = pool[s:s + per_block].view(cache.shape[1:])[:n]
+
+
 def context_lengths_of(batch: int, dims: dict, seed: int) -> list[int]:
     """Seeded context lengths of `batch` decode sequences: the regime's list in a seeded order, each
-    length >= LONG_CONTEXT at most once per batch, the rest cycling through the shorter ones."""
+    length >= LONG_CONTEXT at most once per batch, the rest cycling through the shorter ones. A list of
+    one length gives every sequence that length (the benchmarks' uniform batches)."""
     lengths = [int(n) for n in dims.get("context_lengths", CONTEXT_LENGTHS)]
+    if len(set(lengths)) == 1:
+        return lengths[:1] * batch
     gen = torch.Generator().manual_seed(seed)
     order = [lengths[i] for i in torch.randperm(len(lengths), generator=gen).tolist()]
     short = [n for n in order if n < LONG_CONTEXT] or [1]
@@ -164,6 +177,8 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
     garbage_ids = perm[live:]
     max_blocks = max(n_blocks + [1]) + 2
     block_table = garbage_ids[torch.randint(0, spare, (B, max_blocks), generator=gen)].to(torch.int32)
+    # N(0, 1) values: each block a window of a random pool at a random offset (distinct blocks, cheap to build)
+    pool = torch.randn(max(1 << 22, 2 * BLOCK_SIZE * Hkv * D), generator=gen).to(torch.bfloat16)
     caches = [_garbage((BLOCK_SIZE, Hkv, D), gen).expand(num_blocks, -1, -1, -1).clone() for _ in range(2)]
     nxt = 0
     for b, (L, n, f) in enumerate(zip(seq_lens, n_blocks, first_live)):
@@ -172,12 +187,8 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
         block_table[b, f:n] = ids.to(torch.int32)
         block_table[b, :f] = int(garbage_ids[0])
         filled = L - f * BLOCK_SIZE  # keys held by this sequence's live blocks (the rest stay garbage)
-        full, rem = divmod(filled, BLOCK_SIZE)
         for cache in caches:
-            vals = torch.randn(filled, Hkv, D, generator=gen, dtype=torch.bfloat16)
-            cache[ids[:full]] = vals[:full * BLOCK_SIZE].view(full, BLOCK_SIZE, Hkv, D)
-            if rem:
-                cache[ids[full], :rem] = vals[full * BLOCK_SIZE:]
+            _fill_blocks(cache, ids.tolist(), filled, pool, gen)
     key_cache, value_cache = caches
     q = (1.5 * torch.randn(tokens, Hq, D, generator=gen)).to(torch.bfloat16)
     cu = torch.zeros(B + 1, dtype=torch.int32)
