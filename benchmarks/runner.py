@@ -91,13 +91,13 @@ def measure_emulator(bench, tokens: int, dims: dict | None = None) -> dict:
     with emulator.options(**opts), emulator.launches() as recs:
         entry(**inputs)
     totals = {"global_load_bytes": 0, "global_store_bytes": 0, "global_load_distinct_bytes": 0,
-              "global_store_distinct_bytes": 0, "mfma": 0, "wave_instructions": 0}
+              "global_store_distinct_bytes": 0, "mfma": 0, "wave_instructions": 0, "smem_bytes": 0}
     launches = []
     for r in recs:
         c = r.counters
         ran = len(r.workgroups_executed) if r.workgroups_executed is not None else _wgs(r.grid)
         scale = _wgs(r.grid) / max(ran, 1)
-        for k in ("global_load_bytes", "global_store_bytes", "wave_instructions"):
+        for k in ("global_load_bytes", "global_store_bytes", "wave_instructions", "smem_bytes"):
             totals[k] += c.get(k, 0) * scale
         for k in ("global_load_distinct_bytes", "global_store_distinct_bytes"):
             totals[k] += c.get(k, 0) if scale == 1 else float("nan")
@@ -129,6 +129,8 @@ def measure_emulator(bench, tokens: int, dims: dict | None = None) -> dict:
         "min_mfma": cost.min_mfma,
         "mfma_x_min": (totals["mfma"] / cost.min_mfma) if cost.min_mfma else None,
         "wave_instructions": int(totals["wave_instructions"]),
+        # scalar (SMEM) loads: kernel arguments, and wave-uniform data some kernels read this way
+        "smem_bytes": int(totals["smem_bytes"]),
     }
     out.update(floor_us(cost))
     return out
@@ -205,8 +207,8 @@ def _fmt(row: dict) -> str:
                                                        if staged is not None else ")")
     return (f"M={row['tokens']:5d}  bytes issued {row['bytes_issued']:>11d} = {row['bytes_issued_x_min']:6.3f}x min"
             f"  distinct {dist}  (min {row['min_bytes']})  mfma {mfma}  workgroups {row['workgroups_main']}"
-            f"  waves {row['waves_main']}"
-            f"  floor {row['floor_us']:.3f} us ({row['bound']})")
+            f"  waves {row['waves_main']}" + (f"  smem {row['smem_bytes']} B" if row.get("smem_bytes") else "")
+            + f"  floor {row['floor_us']:.3f} us ({row['bound']})")
 
 
 def main(argv=None) -> None:

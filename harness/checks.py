@@ -4,6 +4,9 @@
 - bitwise determinism: a second run gives the same bytes (under the emulator, with another workgroup order);
 - padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged;
 - no compile after warm-up (compile_watch records every FlyDSL trace).
+An op whose reference writes arguments in place (`Op.mutates`, e.g. a KV cache) also has them compared: the
+elements the reference wrote reach the op's cosine, every other byte keeps its value, and the three runs
+leave the same bytes; such ops run unsampled on the emulator.
 On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
 `workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample
 of workgroups; then only the rows those workgroups own ("rows") or exactly the output bytes they stored
@@ -47,14 +50,18 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode())
 
 
-def fill_padding(inputs: dict, row_inputs: tuple, real: int, garbage: bool) -> dict:
-    """Rows real.. of the token-row inputs: garbage (NaN, +-65504, 1e4-scale noise) or zeros."""
+def fill_padding(inputs: dict, row_inputs: tuple, real: int, garbage: bool, padding_values: tuple = ()) -> dict:
+    """Rows real.. of the token-row inputs: garbage (NaN, +-65504, 1e4-scale noise) or zeros; an input named
+    in `padding_values` ((name, value) pairs, e.g. slot_mapping -1) gets that value in both cases."""
     out = dict(inputs)
+    fixed = dict(padding_values)
     for name in row_inputs:
         t = inputs[name].clone()
         pad = t[real:]
         if pad.numel():
-            if garbage:
+            if name in fixed:
+                pad.fill_(fixed[name])
+            elif garbage:
                 noise = torch.randn(pad.shape, generator=torch.Generator().manual_seed(real)) * 1e4
                 pattern = torch.tensor([float("nan"), 65504.0, -65504.0, 0.0])
                 row_kind = (torch.arange(pad.shape[0]) % 4).view(-1, *([1] * (pad.dim() - 1)))  # any rank
@@ -89,6 +96,7 @@ class CaseResult:
     rows_real: int = 0
     sampled: bool = False
     elements_checked: dict = field(default_factory=dict)  # "tiles": result name -> elements compared
+    mutation_problems: list = field(default_factory=list)  # mutated arguments: bytes written where they must not be
     launches: list = field(default_factory=list)  # emulator LaunchRecords of the first run
 
     def failures(self, cosine_min: float) -> list[str]:
@@ -99,6 +107,7 @@ class CaseResult:
             out.append("garbage in graph-padding rows changed real rows")
         if self.rows_checked == 0:
             out.append("no real row was checked")
+        out += self.mutation_problems
         return out
 
 
@@ -169,15 +178,58 @@ def _same_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> bool:
 
 
 def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, sample):
-    """Runs with garbage padding, the same in another workgroup order / interleaving, and zero padding."""
+    """Runs with garbage padding, the same in another workgroup order / interleaving, and zero padding.
+
+    Each run gets its own copy of the op's mutated arguments (all three start from the same bytes); the
+    last value is their state after each run: [{name: tensor}] * 3 (empty dicts when the op mutates none)."""
     clean = built_inputs(op, tokens, real, dims, seed)
     entry_name = package.entry_for_op(op_name)
-    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True)), dev)
-    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False)), dev)
-    first = _run(entry, garbage_in, order_seed=None, sample=sample)
-    second = _run(entry, garbage_in, order_seed=seed_of("order", seed), sample=sample)
-    zero_padded = _run(entry, zero_in, order_seed=None, sample=sample)
-    return clean, first, second, zero_padded
+    pad = op.padding_values
+    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True, pad)), dev)
+    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False, pad)), dev)
+    runs = [_fresh(garbage_in, op.mutates), _fresh(garbage_in, op.mutates), _fresh(zero_in, op.mutates)]
+    first = _run(entry, runs[0], order_seed=None, sample=sample)
+    second = _run(entry, runs[1], order_seed=seed_of("order", seed), sample=sample)
+    zero_padded = _run(entry, runs[2], order_seed=None, sample=sample)
+    return clean, first, second, zero_padded, [{m: r[m] for m in op.mutates} for r in runs]
+
+
+def _fresh(inputs: dict, mutates: tuple) -> dict:
+    return {k: (v.clone() if k in mutates else v) for k, v in inputs.items()}
+
+
+def _element_bytes(t: torch.Tensor) -> torch.Tensor:
+    """[*t.shape, element size] uint8 view (NaN payloads compare bitwise)."""
+    t = t.detach().cpu().contiguous()
+    return t.view(torch.uint8).reshape(*t.shape, t.element_size())
+
+
+def _check_mutated(op, clean: dict, expected: dict, states: list, result: CaseResult) -> None:
+    """The op's mutated arguments after the entry (states: three runs) against the reference's (expected).
+
+    Elements the reference changed ("written") must reach the op's cosine; every other byte must keep its
+    value before the call (the builder fills unused parts with garbage, so a stray write shows); the three
+    runs must leave the same bytes (determinism; padding rows write nothing)."""
+    first, second, zero_padded = states
+    for name in op.mutates:
+        before, want, got = _element_bytes(clean[name]), _element_bytes(expected[name]), _element_bytes(first[name])
+        written = (want != before).any(-1)
+        kept = ~written
+        if not torch.equal(got[kept], before[kept]):
+            stray = int((got != before).any(-1)[kept].sum())
+            result.mutation_problems.append(f"{name}: {stray} elements outside the reference's writes changed")
+        g, e = first[name].detach().cpu().float(), expected[name].detach().cpu().float()
+        result.cosines[f"{name} written"] = cosine(g[written], e[written])
+        result.elements_checked[f"{name} written"] = int(written.sum())
+        result.deterministic &= torch.equal(got, _element_bytes(second[name]))
+        result.padding_harmless &= torch.equal(got, _element_bytes(zero_padded[name]))
+
+
+def _reference_call(op, clean: dict, real: int) -> tuple:
+    """The reference on the real rows; its mutated arguments are copies: returns (outputs, {name: state})."""
+    real_inputs = {k: (v[:real] if k in op.row_inputs else v) for k, v in clean.items()}
+    real_inputs.update({m: clean[m].clone() for m in op.mutates})
+    return op.reference(**real_inputs), {m: real_inputs[m] for m in op.mutates}
 
 
 def built_inputs(op, tokens: int, real: int, dims: dict, seed: int) -> dict:
@@ -201,9 +253,11 @@ def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int,
     dev = devices.current().torch_device
     sample = devices.current().emulated and package.workgroups in SAMPLED_KINDS
     sample = _sampling(package, real, seed) if sample and tokens > package.sample_above_tokens else {}
+    if op.mutates:
+        sample = {}  # the mutated-argument check needs every write: such ops run whole
     if sample and package.workgroups in ("tiles", "tokens"):
         return _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sample)
-    clean, (first, records), (second, _), (zero_padded, _) = _three_runs(
+    clean, (first, records), (second, _), (zero_padded, _), states = _three_runs(
         op, package, op_name, entry, dims, tokens, real, seed, dev, sample
     )
 
@@ -218,12 +272,13 @@ def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int,
 
     result.deterministic = all(same_rows(a, b, rows) for a, b in zip(first, second))
     result.padding_harmless = all(same_rows(a, b, rows) for a, b in zip(first, zero_padded))
-    real_inputs = {k: (v[:real] if k in op.row_inputs else v) for k, v in clean.items()}
-    expected = op.to_float(op.reference(**real_inputs))
+    outputs, expected_state = _reference_call(op, clean, real)
+    expected = op.to_float(outputs)
     got = op.to_float(tuple(t.cpu()[:real] for t in first))
     checked = rows[:real]
     for name, g, e in zip(op.result_names, got, expected):
         result.cosines[name] = cosine(g[checked], e[checked])
+    _check_mutated(op, clean, expected_state, states, result)
     return result
 
 
@@ -241,7 +296,7 @@ def no_execution():
 
 def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sample) -> CaseResult:
     """`workgroups = "tiles"` / "tokens": a sample of workgroups runs; exactly the bytes they stored are compared."""
-    clean, (first, records), (second, records2), (zero_padded, _) = _three_runs(
+    clean, (first, records), (second, records2), (zero_padded, _), _ = _three_runs(
         op, package, op_name, entry, dims, tokens, real, seed, dev, sample
     )
     masks = _tile_masks(records, first)
@@ -293,7 +348,7 @@ def check_batch_invariance(package, entry, op_name: str, dims: dict, tokens: int
             sample = dict(workgroup_filter=functools.partial(chooser, frozenset(wanted)))
         return _run(entry, to_device(package.entry_inputs(entry_name, inputs), dev), order_seed=None, sample=sample)
 
-    (full, *_), full_rec = run(fill_padding(clean, op.row_inputs, real, True), rows)
+    (full, *_), full_rec = run(fill_padding(clean, op.row_inputs, real, True, op.padding_values), rows)
     (alone, *_), alone_rec = run(sub, range(len(rows)))
     idx = torch.tensor(rows, dtype=torch.long)
     a = full.detach().cpu()[idx]

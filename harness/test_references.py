@@ -31,9 +31,9 @@ def test_builder_is_seeded(name):
     a = OPS[name].build_inputs(3, DIMS, 7)
     b = OPS[name].build_inputs(3, DIMS, 7)
     c = OPS[name].build_inputs(3, DIMS, 8)
-    bits = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731 (NaN garbage compares bitwise)
-    assert all(torch.equal(bits(a[k]), bits(b[k])) for k in a if isinstance(a[k], torch.Tensor))
-    first = next(k for k in a if isinstance(a[k], torch.Tensor) and a[k].is_floating_point())
+    same = lambda x, y: torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))  # NaN too
+    assert all(same(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    first = OPS[name].row_inputs[0]  # the token-row input every op has
     assert not torch.equal(a[first], c[first])
 
 
@@ -105,6 +105,46 @@ def test_moe_pair_with_an_out_of_range_id_adds_nothing():
     (out_zeroed,) = moe.moe_mxfp4_swiglu(**{**base, "topk_ids": valid, "topk_weights": zeroed})
     assert torch.equal(out_garbage, out_zeroed)
     assert out_garbage.abs().sum() > 0
+
+
+def test_yarn_cache_matches_the_formula_in_float64():
+    """gpt-oss's cos_sin_cache: fp32 [131072, 64], cos | sin of p * f_i times mscale = 0.1 ln 32 + 1."""
+    from references import attention
+
+    cache = attention.build_cos_sin_cache()
+    assert cache.shape == (131072, 64) and cache.dtype == torch.float32
+    mscale = 0.1 * math.log(32) + 1
+    low = 64 * math.log(4096 / (32 * 2 * math.pi)) / (2 * math.log(150000))  # truncate false: not rounded
+    high = 64 * math.log(4096 / (1 * 2 * math.pi)) / (2 * math.log(150000))
+    i = torch.arange(32, dtype=torch.float64)
+    ramp = ((i - low) / (high - low)).clamp(0, 1)
+    f = 150000.0 ** (-2 * i / 64)
+    f = f / 32 * ramp + f * (1 - ramp)
+    p = torch.tensor([0, 1, 7, 4095, 4096, 100000], dtype=torch.float64)
+    expected = torch.cat([torch.cos(p[:, None] * f), torch.sin(p[:, None] * f)], -1) * mscale
+    got = cache[p.long()].double()
+    # fp32 p * f_i loses ~1e-7 relative of the angle: at p = 1e5 that is ~1e-2 rad on the fastest dim
+    assert (got[:3] - expected[:3]).abs().max() < 1e-5
+    assert cosine(got, expected) > 0.9999
+
+
+def test_rope_kv_write_skips_slot_minus_one_and_copies_v():
+    from references import attention
+
+    inputs = OPS["rope_kv_write"].build_inputs(4, {}, 0)
+    inputs["slot_mapping"][1] = -1
+    before_k, before_v = inputs["key_cache"].clone(), inputs["value_cache"].clone()
+    (q,) = OPS["rope_kv_write"].reference(**inputs)
+    assert q.shape == (4, 64, 64)
+    bs = attention.BLOCK_SIZE
+    changed = (inputs["value_cache"].view(torch.int16) != before_v.view(torch.int16)).flatten(2).any(-1)
+    written = {(int(s) // bs, int(s) % bs) for s in inputs["slot_mapping"] if s >= 0}
+    assert {tuple(ix) for ix in changed.nonzero().tolist()} == written
+    _, k, v = attention.split_qkv(inputs["qkv"], 8)
+    for t, s in enumerate(inputs["slot_mapping"].tolist()):
+        if s >= 0:
+            assert torch.equal(inputs["value_cache"][s // bs, s % bs], v[t])
+    assert (inputs["key_cache"].view(torch.int16) != before_k.view(torch.int16)).flatten(2).any(-1).sum() == 3
 
 
 def _dense_attention(inputs, b, window):

@@ -54,13 +54,15 @@ def check_rows(name: str, t: torch.Tensor, rows: int) -> None:
         raise ValueError(f"{name}: expected {rows} rows (the token count of x), got {t.shape[0]}")
 
 
-def custom_op(qualname: str, impl: Callable, fake: Callable):
+def custom_op(qualname: str, impl: Callable, fake: Callable, mutates_args: tuple[str, ...] = ()):
     """Register `impl` as torch.ops.<qualname> with a fake (meta) implementation.
+
+    `mutates_args` names the arguments the entry writes in place (e.g. a KV cache); the schema declares them.
 
     `impl` is a warm_up.entry-decorated function; its warm_up/modes/table ride along on the op object
     so callers and the harness can warm it explicitly.
     """
-    op = torch.library.custom_op(qualname, mutates_args=())(impl)
+    op = torch.library.custom_op(qualname, mutates_args=tuple(mutates_args))(impl)
     op.register_fake(fake)
     for attr in ("warm_up", "modes", "table"):
         setattr(op, attr, getattr(impl, attr))

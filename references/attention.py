@@ -1,47 +1,76 @@
-"""gpt-oss attention between the QKV and O projections (vLLM's layouts, as its gpt-oss model calls them).
+"""gpt-oss attention: the contract both attention ops share, the YaRN cos/sin cache, and rope + KV write.
 
-# Op 2, paged attention (`paged_attention`)
+What vLLM's gpt-oss model passes (vllm/model_executor/models/gpt_oss.py `OAIAttention`, the rotary
+embedding in vllm/model_executor/layers/rotary_embedding/{base,common,yarn_scaling_rope}.py, the KV-cache
+write `reshape_and_cache_flash` the ROCm backends call), restated here so kernels and tests agree:
 
-One reference for the whole mixed batch (decode and prefill rows), as vLLM's attention layer calls its
-backend (vllm/model_executor/models/gpt_oss.py `OAIAttention`, the ROCm / Triton unified attention kernel):
-- Heads: Hq query heads, Hkv KV heads (gpt-oss-120b: 64 / 8 at TP1, 8 / 1 at TP8: always 8 query heads per
-  KV head), head_dim 64, softmax scale 64**-0.5 (`self.scaling = head_dim ** -0.5`).
-- q bf16 [T, Hq, 64], the rotated queries, token rows of every sequence back to back.
-- key_cache, value_cache bf16 [num_blocks, 64, Hkv, 64]: vLLM's flash layout, block_size 64 (the MI355X
-  recipe); key j of sequence b lives in block block_table[b, j // 64], slot j % 64.
-- cu_seqlens_q int32 [B + 1] (non-decreasing, cu_seqlens_q[0] = 0): sequence b owns query rows
-  cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (q_len_b of them).
-- seq_lens int32 [B]: keys of sequence b, its new tokens included (vLLM's seqused_k); q_len_b <= seq_lens[b].
-- block_table int32 [B, max_blocks]; entries past a sequence's ceil(seq_len / 64) blocks are never read.
-- sinks fp32 [Hq]: the learned sink logits (bf16 in the checkpoint, read as fp32; one per query head, TP
-  ranks hold their heads' slice).
-- sliding_window: 0 = full attention; W > 0 keeps key k for query position p when p - k < W (vLLM's
-  convention: its layers pass window_size = (W - 1, 0) and the kernels test (p - k) < W). gpt-oss: even
-  layers W = 128 (`layer_idx % 2 == 0`), odd layers full attention.
-- Query i of sequence b sits at position p = seq_lens[b] - q_len_b + i; causal: keys k <= p.
-- Softmax with the sink, per query row and head, s_k = scale * q . k:
-      m = max(sink, max_k s_k),  p_k = exp(s_k - m) / (exp(sink - m) + sum_k exp(s_k - m)),
-      out = sum_k p_k v_k.
-  The sink enters the denominator exactly once (a kernel that splits the keys adds it in one split only)
-  and adds nothing to the numerator.
-- Graph padding: query rows past cu_seqlens_q[-1] belong to no sequence, and sequences with q_len 0 (and
-  seq_len 0) are padding; their rows' outputs are unspecified (this reference writes zeros). A kernel must
-  read nothing out of range for them and write nothing into real rows.
-- Output: out bf16 [T, Hq, 64].
+Heads and shapes
+- 64 query heads and 8 KV heads at TP1 (config.num_attention_heads, num_key_value_heads), 8 and 1 at TP8
+  (vLLM divides both by tp_size); head_dim 64 (config.head_dim); softmax scale 64**-0.5 (`self.scaling =
+  head_dim**-0.5`). GQA: query head h reads KV head h // (Hq / Hkv).
+- qkv bf16 [T, (Hq + 2 Hkv) * 64] is the QKV projection's output row as vLLM splits it:
+  q = columns [0, Hq*64), k = [Hq*64, (Hq+Hkv)*64), v = the last Hkv*64; head j of each part is the 64
+  consecutive columns j*64..j*64+63. TP1: 5120 columns; TP8: 640.
 
-Where the kernels round (this reference computes exactly, in fp64, and rounds only the output):
-- scores s = q . k are bf16 products accumulated in fp32 (MFMA), then scaled by scale * log2(e) in fp32 and
-  exponentiated with exp2 (online softmax in fp32, running max per head);
-- the probabilities p are rounded to bf16 before P V (bf16 MFMA, fp32 accumulate);
-- the running sums, the split merge (fixed split order) and the final division are fp32; out is rounded
-  to bf16 once, round to nearest even.
-Tolerance: cosine of out against this reference >= 0.9995 (the bf16 rounding of p is the largest term),
-and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not depend on the
-other sequences of the batch: its split over keys depends only on its own length).
+KV cache (vLLM's flash layout)
+- key_cache and value_cache: each [num_blocks, block_size, Hkv, 64], contiguous, block_size 64 (what the
+  MI355X recipe serves with). Token t's key for KV head j lives at key_cache[slot // 64, slot % 64, j, :].
+  (vLLM's Triton backend allocates one [num_blocks, 2, block_size, Hkv, 64] tensor and hands out the two
+  halves as strided views; these ops take two separate contiguous tensors, the flash backend's layout.)
+- Tier 1: bf16 cache, written as the bf16 values (k after rotation, v as is).
+- Tier 2: float8_e4m3fn cache with per-tensor fp32 scales k_scale, v_scale (tensors of one element, vLLM's
+  layer._k_scale / _v_scale). Stored code = e4m3(x / scale): x the bf16 value as fp32, divided in fp32
+  (IEEE division), then rounded to nearest even onto the E4M3 grid, saturating to +-448 (finite values
+  never become NaN; NaN stays NaN) - vLLM's scaled_convert with saturation. Readers dequantize as
+  code * scale in fp32.
+- slot_mapping int64 [T]: slot = block * block_size + offset, one slot per token; -1 = write nothing
+  (vLLM pads CUDA-graph batches with -1 slots). Real tokens of one call have distinct slots. The kernels do
+  not range-check slots or positions against the cache sizes (that would cost a device sync); the caller
+  (vLLM's block manager) guarantees 0 <= slot < num_blocks * block_size and 0 <= position < max_positions.
+
+RoPE (NeoX style, over the whole head)
+- cos_sin_cache fp32 [max_positions, 64]: row p = cos(p * f_i) * mscale for i < 32, then sin(p * f_i) *
+  mscale, f_i the YaRN frequencies. vLLM builds it once (get_rope(..., dtype=float32)); `build_cos_sin_cache`
+  below does the same computation in the same fp32 order, so its bits equal vLLM's CPU-built cache.
+- Rotation of a head x (64 values), c = cos half, s = sin half of row positions[t]:
+  out[i] = x[i] * c[i] - x[i+32] * s[i],  out[i+32] = x[i+32] * c[i] + x[i] * s[i],  i < 32.
+  Applied to every q head and every k head of the token; v is not rotated.
+- How the numbers come from gpt-oss's config.json:
+  rope_theta 150000 -> theta; rope_scaling.factor 32 -> factor; rope_scaling.original_max_position_embeddings
+  4096 -> the YaRN base length; beta_fast 32, beta_slow 1 -> the ramp's ends; rope_scaling.truncate false ->
+  the ramp ends are not rounded to integers (vLLM passes config truncate, default true, to
+  yarn_find_correction_range); max_position_embeddings 131072 = 4096 * 32 -> max_positions (rows);
+  head_dim 64 -> the rotary dim (the whole head). No attention_factor / mscale keys -> mscale =
+  0.1 * ln(factor) + 1 = 1.3465736 (yarn_get_mscale), multiplied into both cos and sin.
+- YaRN frequencies: base_i = theta ** (2i / 64) (fp32), extrapolated f = 1 / base_i, interpolated
+  f / factor; the ramp r_i = clamp((i - low) / (high - low), 0, 1) with low/high = 64 * ln(4096 / (beta * 2
+  pi)) / (2 ln theta) for beta = beta_fast / beta_slow (here 8.093 and 17.40), and f_i = interp * r_i +
+  extrap * (1 - r_i): the fast dims (i < low) keep the original frequency, the slow ones (i > high) are
+  divided by the factor.
+
+rope_kv_write(qkv, positions, cos_sin_cache, slot_mapping, key_cache, value_cache[, k_scale, v_scale])
+    -> (q,) with q bf16 [T, Hq, 64] rotated; key_cache / value_cache mutated in place (declared in the
+    custom op's schema as mutated arguments), nothing else written.
+- Rounding points: x (bf16) -> fp32 exactly; each product and the sum in fp32; the rotated value rounded
+  to bf16 once (round to nearest even). q is returned in that bf16; k is written in that bf16 (bf16 tier)
+  or its e4m3 code (fp8 tier: the bf16-rounded k divided by k_scale, as vLLM quantizes the bf16 k its
+  rotary embedding returned); v is copied bit for bit (bf16 tier) or e4m3(v / v_scale) (fp8 tier).
+- vLLM's CUDA/HIP rotary path first casts cos_sin_cache to the query dtype (bf16) and computes in bf16
+  arithmetic; this contract keeps cos/sin and the arithmetic in fp32 (closer to the exact rotation; the two
+  differ by about one bf16 ulp).
+- Tolerance: q and the written K slots reach cosine >= 0.99999 against this reference (a kernel may fuse a
+  multiply-add, moving a value by at most one bf16 ulp, or one E4M3 step on the fp8 tier); the written V
+  slots of the bf16 tier equal the input bits; every cache byte outside the written slots is unchanged
+  (bitwise); a row with slot -1 writes nothing; the kernel is bitwise deterministic run to run, and each
+  token's q and cache writes depend only on its own row (batch invariant; graph-padding rows harmless).
+
+paged attention (op 2, the other half of this module) reads the same cache layout, heads, scale and
+dequantization rule.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,20 +79,265 @@ from references.op import Op
 
 HEAD_DIM = 64
 BLOCK_SIZE = 64
-SOFTMAX_SCALE = HEAD_DIM ** -0.5
-# The context lengths the harness mixes into a batch when a regime lists none.
+SCALE = HEAD_DIM**-0.5
+FP8_MAX = 448.0
+COSINE_MIN = 0.99999
+
+# gpt-oss-120b's config.json values the cos/sin cache depends on (see the module docstring).
+GPT_OSS_ROPE = {
+    "theta": 150000.0,
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "max_position_embeddings": 131072,
+}
+# Heads per TP size (query, KV) for gpt-oss-120b.
+HEADS = {1: (64, 8), 8: (8, 1)}
+
+
+def yarn_mscale(factor: float) -> float:
+    """The YaRN attention factor multiplied into cos and sin: 0.1 ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def _correction_dim(rotations: float, dim: int, theta: float, original_max: int) -> float:
+    """The rotary dim index whose wavelength fits `rotations` times into the original context."""
+    return dim * math.log(original_max / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def yarn_inv_freq(dim: int, theta: float, factor: float, original_max: int, beta_fast: float,
+                  beta_slow: float, truncate: bool) -> torch.Tensor:
+    """fp32 [dim / 2]: YaRN's blend of the original (fast dims) and factor-divided (slow dims) frequencies."""
+    base_pow = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolated = 1.0 / base_pow
+    interpolated = 1.0 / (factor * base_pow)
+    low = _correction_dim(beta_fast, dim, theta, original_max)
+    high = _correction_dim(beta_slow, dim, theta, original_max)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1 where the original frequency is kept
+    return interpolated * (1 - keep) + extrapolated * keep
+
+
+@functools.lru_cache(maxsize=4)
+def _cos_sin_cache(dim: int, max_positions: int, items: tuple) -> torch.Tensor:
+    rope = dict(items)
+    inv_freq = yarn_inv_freq(dim, rope["theta"], rope["factor"], rope["original_max_position_embeddings"],
+                             rope["beta_fast"], rope["beta_slow"], rope["truncate"])
+    rows = max(math.ceil(rope["original_max_position_embeddings"] * rope["factor"]), max_positions)
+    t = torch.arange(rows, dtype=torch.float32)
+    freqs = torch.einsum("i,j -> ij", t, inv_freq)
+    mscale = yarn_mscale(rope["factor"])
+    cache = torch.cat((freqs.cos() * mscale, freqs.sin() * mscale), dim=-1)
+    cache.requires_grad_(False)
+    return cache
+
+
+def build_cos_sin_cache(dim: int = HEAD_DIM, max_positions: int | None = None, rope: dict | None = None
+                        ) -> torch.Tensor:
+    """fp32 [max_positions, dim]: cos | sin halves, mscale applied (vLLM's YaRN cos_sin_cache).
+
+    Cached: the same tensor object is returned for the same arguments; callers must not modify it."""
+    rope = {**GPT_OSS_ROPE, **(rope or {})}
+    rows = int(max_positions or rope["max_position_embeddings"])
+    return _cos_sin_cache(dim, rows, tuple(sorted(rope.items())))
+
+
+def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x bf16 [T, H, 64], cos / sin fp32 [T, 32] -> bf16 [T, H, 64]; fp32 arithmetic, one rounding."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(torch.bfloat16)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """bf16 values -> float8_e4m3fn codes of x / scale (fp32 division, RNE, saturating to +-448)."""
+    y = x.float() / scale.float().reshape(())
+    y = torch.where(torch.isnan(y), y, y.clamp(-FP8_MAX, FP8_MAX))
+    return y.to(torch.float8_e4m3fn)
+
+
+def split_qkv(qkv: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv [T, (Hq + 2 Hkv) * 64] -> q [T, Hq, 64], k [T, Hkv, 64], v [T, Hkv, 64] (views)."""
+    tokens = qkv.shape[0]
+    heads = qkv.shape[1] // HEAD_DIM
+    hq = heads - 2 * kv_heads
+    x = qkv.reshape(tokens, heads, HEAD_DIM)
+    return x[:, :hq], x[:, hq:hq + kv_heads], x[:, hq + kv_heads:]
+
+
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, k_scale=None, v_scale=None) -> None:
+    """Write k, v bf16 [T, Hkv, 64] to their slots (slot -1: nothing); fp8 caches get e4m3(x / scale)."""
+    live = slot_mapping >= 0
+    slots = slot_mapping[live]
+    block_size = key_cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    k, v = k[live], v[live]
+    if key_cache.dtype == torch.float8_e4m3fn:
+        k, v = quantize_fp8(k, k_scale), quantize_fp8(v, v_scale)
+    key_cache[blocks, offsets] = k
+    value_cache[blocks, offsets] = v
+
+
+def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor]:
+    """qkv bf16 [T, (Hq + 2 Hkv) * 64], positions int64 [T], cos_sin_cache fp32 [P, 64], slot_mapping int64
+    [T], key_cache / value_cache [num_blocks, 64, Hkv, 64] (bf16, or float8_e4m3fn with k_scale / v_scale
+    fp32 [1]) -> (q bf16 [T, Hq, 64],); q and k rotated (NeoX), k and v written to the cache in place."""
+    kv_heads = key_cache.shape[2]
+    q, k, v = split_qkv(qkv, kv_heads)
+    cos_sin = cos_sin_cache.index_select(0, positions)
+    half = cos_sin.shape[1] // 2
+    cos, sin = cos_sin[:, :half], cos_sin[:, half:]
+    q_rot = rotate_neox(q, cos, sin)
+    k_rot = rotate_neox(k, cos, sin)
+    write_kv_cache(k_rot, v, slot_mapping, key_cache, value_cache, k_scale, v_scale)
+    return (q_rot,)
+
+
+def rope_kv_write_fp8(qkv, positions, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale, v_scale):
+    """rope_kv_write with a float8_e4m3fn cache and per-tensor fp32 scales k_scale / v_scale [1]."""
+    return rope_kv_write(qkv, positions, cos_sin_cache, slot_mapping, key_cache, value_cache, k_scale, v_scale)
+
+
+def garbage_cache(num_blocks: int, kv_heads: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """[num_blocks, 64, kv_heads, 64] filled with what must never reach an output: NaN, +-65504 (or the
+    fp8 maximum / NaN code) and 1e4-scale noise, so an unwritten or wrongly read slot shows."""
+    shape = (num_blocks, BLOCK_SIZE, kv_heads, HEAD_DIM)
+    noise = torch.randn(shape, generator=gen) * 1e4
+    kind = torch.randint(0, 4, shape, generator=gen)
+    big = FP8_MAX if dtype == torch.float8_e4m3fn else 65504.0
+    pattern = torch.tensor([float("nan"), big, -big, 0.0])
+    values = torch.where(kind == 3, noise, pattern[kind])
+    if dtype == torch.float8_e4m3fn:
+        values = torch.where(torch.isnan(values), values, values.clamp(-FP8_MAX, FP8_MAX))
+    return values.to(dtype)
+
+
+def _heads(dims: dict) -> tuple[int, int]:
+    hq, hkv = int(dims.get("query_heads", 64)), int(dims.get("kv_heads", 8))
+    if int(dims.get("head_dim", HEAD_DIM)) != HEAD_DIM or hq % hkv:
+        raise ValueError(f"unsupported heads {hq}/{hkv} or head_dim {dims.get('head_dim')}")
+    return hq, hkv
+
+
+def build_rope_inputs(tokens: int, dims: dict, seed: int, *, fp8: bool = False) -> dict:
+    """Seeded inputs of one rope_kv_write call.
+
+    qkv ~ N(0, 1) with a per-head gain in [0.5, 4] (QKV projection outputs; bias makes some heads larger);
+    positions uniform over [0, max_positions) with the first token at 0 and, from 2 tokens, one at
+    max_positions - 1 (the cache's ends); slots distinct, drawn from a shuffled cache of ceil(T / 64) + 3
+    blocks (so blocks are non-contiguous and some stay unwritten); the cache pre-filled with garbage
+    (`garbage_cache`). fp8: k_scale = 16 / 448, v_scale = 12 / 448, so the largest values saturate.
+    Graph-padding rows hold slot -1 and position 0 (the Op's padding_values).
+    """
+    hq, hkv = _heads(dims)
+    max_positions = int(dims.get("max_positions", GPT_OSS_ROPE["max_position_embeddings"]))
+    gen = torch.Generator().manual_seed(seed)
+    gain = 0.5 + 3.5 * torch.rand(hq + 2 * hkv, 1, generator=gen)
+    qkv = (torch.randn(tokens, hq + 2 * hkv, HEAD_DIM, generator=gen) * gain).reshape(tokens, -1)
+    positions = torch.randint(0, max_positions, (tokens,), generator=gen, dtype=torch.int64)
+    if tokens:
+        positions[0] = 0
+    if tokens > 1:
+        positions[-1] = max_positions - 1
+    num_blocks = -(-tokens // BLOCK_SIZE) + 3
+    slot_mapping = torch.randperm(num_blocks * BLOCK_SIZE, generator=gen)[:tokens].to(torch.int64)
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    inputs = {
+        "qkv": qkv.to(torch.bfloat16),
+        "positions": positions,
+        "cos_sin_cache": build_cos_sin_cache(HEAD_DIM, max_positions),
+        "slot_mapping": slot_mapping,
+        "key_cache": garbage_cache(num_blocks, hkv, dtype, gen),
+        "value_cache": garbage_cache(num_blocks, hkv, dtype, gen),
+    }
+    if fp8:
+        # |k| reaches ~20 (gain 4 x 4 sigma x mscale), |v| ~16: the largest values saturate.
+        inputs["k_scale"] = torch.tensor([16.0 / FP8_MAX], dtype=torch.float32)
+        inputs["v_scale"] = torch.tensor([12.0 / FP8_MAX], dtype=torch.float32)
+    return inputs
+
+
+def _as_float(outputs) -> tuple[torch.Tensor, ...]:
+    return tuple(t.float() for t in outputs)
+
+
+_ROWS = ("qkv", "positions", "slot_mapping")
+_PADDING = (("positions", 0), ("slot_mapping", -1))
+_MUTATES = ("key_cache", "value_cache")
+
+OPS = (
+    Op("rope_kv_write", rope_kv_write, lambda t, d, s: build_rope_inputs(t, d, s),
+       _as_float, ("q",), COSINE_MIN, _ROWS, mutates=_MUTATES, padding_values=_PADDING),
+    Op("rope_kv_write_fp8", rope_kv_write_fp8, lambda t, d, s: build_rope_inputs(t, d, s, fp8=True),
+       _as_float, ("q",), COSINE_MIN, _ROWS, mutates=_MUTATES, padding_values=_PADDING),
+)
+
+
+# ---------------------------------------------------------------- op 2: paged attention
+
 CONTEXT_LENGTHS = (1, 2, 63, 64, 65, 127, 128, 129, 1000, 8192, 32768, 131072)
 # Lengths from here up enter a built batch at most once each (a 131072-key sequence is 256 MiB of cache at TP1).
 LONG_CONTEXT = 8192
-COSINE_MIN = 0.9995
+PAGED_COSINE_MIN = 0.9995
 _QUERY_CHUNK = 256  # query rows per fp64 score matrix in the reference
 
 
 def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                     sinks: torch.Tensor, sliding_window: int) -> tuple[torch.Tensor]:
-    """-> (out bf16 [T, Hq, 64],): causal paged attention with sinks and an optional sliding window (see the
-    module docstring). Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
+    """-> (out bf16 [T, Hq, 64],): causal paged attention with sinks and an optional sliding window.
+
+    One reference for the whole mixed batch (decode and prefill rows), as vLLM's attention layer calls its
+    backend (vllm/model_executor/models/gpt_oss.py `OAIAttention`, the ROCm / Triton unified attention kernel):
+    - Heads: Hq query heads, Hkv KV heads (gpt-oss-120b: 64 / 8 at TP1, 8 / 1 at TP8: always 8 query heads per
+      KV head), head_dim 64, softmax scale 64**-0.5 (`self.scaling = head_dim ** -0.5`).
+    - q bf16 [T, Hq, 64], the rotated queries, token rows of every sequence back to back.
+    - key_cache, value_cache bf16 [num_blocks, 64, Hkv, 64]: vLLM's flash layout, block_size 64 (the MI355X
+      recipe); key j of sequence b lives in block block_table[b, j // 64], slot j % 64.
+    - cu_seqlens_q int32 [B + 1] (non-decreasing, cu_seqlens_q[0] = 0): sequence b owns query rows
+      cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 (q_len_b of them).
+    - seq_lens int32 [B]: keys of sequence b, its new tokens included (vLLM's seqused_k); q_len_b <= seq_lens[b].
+    - block_table int32 [B, max_blocks]; entries past a sequence's ceil(seq_len / 64) blocks are never read.
+    - sinks fp32 [Hq]: the learned sink logits (bf16 in the checkpoint, read as fp32; one per query head, TP
+      ranks hold their heads' slice).
+    - sliding_window: 0 = full attention; W > 0 keeps key k for query position p when p - k < W (vLLM's
+      convention: its layers pass window_size = (W - 1, 0) and the kernels test (p - k) < W). gpt-oss: even
+      layers W = 128 (`layer_idx % 2 == 0`), odd layers full attention.
+    - Query i of sequence b sits at position p = seq_lens[b] - q_len_b + i; causal: keys k <= p.
+    - Softmax with the sink, per query row and head, s_k = scale * q . k:
+          m = max(sink, max_k s_k),  p_k = exp(s_k - m) / (exp(sink - m) + sum_k exp(s_k - m)),
+          out = sum_k p_k v_k.
+      The sink enters the denominator exactly once (a kernel that splits the keys adds it in one split only)
+      and adds nothing to the numerator.
+    - Graph padding: query rows past cu_seqlens_q[-1] belong to no sequence, and sequences with q_len 0 (and
+      seq_len 0) are padding; their rows' outputs are unspecified (this reference writes zeros). A kernel must
+      read nothing out of range for them and write nothing into real rows.
+    - Output: out bf16 [T, Hq, 64].
+
+    Where the kernels round (this reference computes exactly, in fp64, and rounds only the output):
+    - scores s = q . k are bf16 products accumulated in fp32 (MFMA), then scaled by scale * log2(e) in fp32 and
+      exponentiated with exp2 (online softmax in fp32, running max per head);
+    - the probabilities p are rounded to bf16 before P V (bf16 MFMA, fp32 accumulate);
+    - the running sums, the split merge (fixed split order) and the final division are fp32; out is rounded
+      to bf16 once, round to nearest even.
+    Tolerance: cosine of out against this reference >= 0.9995 (the bf16 rounding of p is the largest term),
+    and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not depend on the
+    other sequences of the batch: its split over keys depends only on its own length).
+
+    Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
     T, Hq, D = q.shape
     Hkv = key_cache.shape[2]
     G = Hq // Hkv
@@ -97,7 +371,7 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
                 if sliding_window:
                     keep &= (qpos[:, None] - kpos[None, :]) < sliding_window
                 qq = q[q0 + c0:q0 + c1, h * G:(h + 1) * G].to(torch.float64).transpose(0, 1)  # [G, rows, D]
-                s = (qq.reshape(-1, D) @ k.T).view(G, c1 - c0, -1) * SOFTMAX_SCALE
+                s = (qq.reshape(-1, D) @ k.T).view(G, c1 - c0, -1) * SCALE
                 s = s.masked_fill(~keep[None], -math.inf)
                 sk = sink[h].view(G, 1, 1)
                 m = torch.maximum(s.amax(dim=-1, keepdim=True), sk)
@@ -229,8 +503,8 @@ def sub_batch_paged_attention(inputs: dict, rows: list[int]) -> tuple[dict, list
     return sub, full_rows
 
 
-OPS = (
+OPS = OPS + (
     Op("paged_attention", paged_attention, build_paged_attention_inputs,
-       lambda outputs: (outputs[0].float(),), ("out",), COSINE_MIN, ("q",),
+       lambda outputs: (outputs[0].float(),), ("out",), PAGED_COSINE_MIN, ("q",),
        pad_inputs=pad_paged_attention, sub_batch=sub_batch_paged_attention),
 )

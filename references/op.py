@@ -17,6 +17,12 @@ class Op:
     result_names: tuple[str, ...]  # a name per to_float result, for reports
     cosine_min: float  # each result's cosine against the reference must reach this
     row_inputs: tuple[str, ...]  # inputs whose first dim is the token dim (graph padding rows live there)
+    # inputs the op writes in place (e.g. a KV cache); the custom op's schema declares them and the harness
+    # compares them with the reference's after the call (harness/checks.py)
+    mutates: tuple[str, ...] = ()
+    # (row input, value) pairs: graph-padding rows of that input hold this value instead of garbage, as the
+    # server pads them (e.g. slot_mapping -1 = write nothing, position 0)
+    padding_values: tuple[tuple[str, float], ...] = ()
     # (inputs, real) -> inputs with rows real.. made graph padding in the op's other inputs too (e.g. the
     # sequence metadata of attention); None: the row inputs' padding rows are all there is.
     pad_inputs: Callable | None = None
