@@ -3,7 +3,9 @@
 - cosine of each result against the reference >= the op's threshold (real rows only);
 - bitwise determinism: a second run gives the same bytes (under the emulator, with another workgroup order);
 - padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged;
-- no compile after warm-up (compile_watch records every FlyDSL trace).
+- no compile after warm-up (compile_watch records every FlyDSL trace);
+- batch invariance (ops with `Op.sub_batch`, a batch of sequences): a few sequences give the same output bits
+  alone as inside the padded batch (check_batch_invariance).
 An op whose reference writes arguments in place (`Op.mutates`, e.g. a KV cache) also has them compared: the
 elements the reference wrote reach the op's cosine, every other byte keeps its value, and the three runs
 leave the same bytes; such ops run unsampled on the emulator.
