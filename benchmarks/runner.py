@@ -70,23 +70,23 @@ def _setup():
     return device.setup()
 
 
-def _entry_and_inputs(bench, tokens: int, seed: int = 0):
+def _entry_and_inputs(bench, tokens: int, seed: int = 0, dims: dict | None = None):
     from harness import discovery
     from references import OPS
 
     pkg = discovery.discover()[bench.PACKAGE]
     name = pkg.entry_for_op(bench.OP)
     entry = pkg.import_entries()[name]
-    inputs = pkg.entry_inputs(name, OPS[bench.OP].build_inputs(tokens, bench.DIMS, seed))
+    inputs = pkg.entry_inputs(name, OPS[bench.OP].build_inputs(tokens, dims or bench.DIMS, seed))
     return entry, inputs
 
 
-def measure_emulator(bench, tokens: int) -> dict:
+def measure_emulator(bench, tokens: int, dims: dict | None = None) -> dict:
     from harness import emulator
 
     from harness import discovery
 
-    entry, inputs = _entry_and_inputs(bench, tokens)
+    entry, inputs = _entry_and_inputs(bench, tokens, dims=dims)
     entry.warm_up()
     # Big token counts run a seeded sample of each launch's workgroups (launches with fewer run whole), where
     # every workgroup does the same work. Data-dependent grids (kernel.toml workgroups = "tokens", e.g. MoE
@@ -113,7 +113,7 @@ def measure_emulator(bench, tokens: int) -> dict:
                          "load_distinct": c.get("global_load_distinct_bytes", 0) if scale == 1 else None,
                          "store_distinct": c.get("global_store_distinct_bytes", 0) if scale == 1 else None,
                          "mfma": int(sum(c.get("mfma", {}).values()) * scale)})
-    cost = bench.cost(tokens)
+    cost = _cost(bench, tokens, dims)
     projected = _project(model_in, cost)
     for launch, proj in zip(launches, projected["launches"]):
         launch["projected_us"], launch["projected_bound"] = proj["us"], proj["bound"]
@@ -183,14 +183,20 @@ def _project(model_in: list[dict], cost: Cost) -> dict:
     return costmodel.project_launches(model_in, dram)
 
 
+def _cost(bench, tokens: int, dims: dict | None) -> Cost:
+    """bench.cost(m), or bench.cost(m, dims) when the run overrides the bench's DIMS (--dims)."""
+    return bench.cost(tokens, dims) if dims else bench.cost(tokens)
+
+
 def _wgs(grid) -> int:
     return int(grid[0]) * int(grid[1]) * int(grid[2])
 
 
-def measure_gpu(bench, tokens: int, repeats: int = 20, calls_per_graph: int | None = None) -> dict:
+def measure_gpu(bench, tokens: int, repeats: int = 20, calls_per_graph: int | None = None,
+                dims: dict | None = None) -> dict:
     import torch
 
-    entry, inputs = _entry_and_inputs(bench, tokens)
+    entry, inputs = _entry_and_inputs(bench, tokens, dims=dims)
     inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     entry.warm_up()
     per_copy = sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor))
@@ -214,7 +220,7 @@ def measure_gpu(bench, tokens: int, repeats: int = 20, calls_per_graph: int | No
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / n)
     out = {"tokens": tokens, "median_us": statistics.median(times), "copies": copies, "calls_per_graph": n}
-    out.update(floor_us(bench.cost(tokens)))
+    out.update(floor_us(_cost(bench, tokens, dims)))
     out["x_floor"] = out["median_us"] / out["floor_us"]
     return out
 
@@ -224,12 +230,14 @@ def load_bench(path: str):
     return importlib.import_module(mod)
 
 
-def run(path: str, tokens: list[int] | None = None) -> list[dict]:
+def run(path: str, tokens: list[int] | None = None, dims: dict | None = None) -> list[dict]:
+    """`dims`: keys that override the bench's DIMS (its cost then gets them too)."""
     dev = _setup()
     bench = load_bench(path)
     counts = tokens or list(bench.TOKENS)
     measure = measure_emulator if dev.emulated else measure_gpu
-    return [measure(bench, t) for t in counts]
+    merged = {**bench.DIMS, **dims} if dims else None
+    return [measure(bench, t, dims=merged) for t in counts]
 
 
 def _fmt(row: dict) -> str:
@@ -256,10 +264,11 @@ def main(argv=None) -> None:
     ap.add_argument("bench", help="<category>/<shape token>, a folder under benchmarks/")
     ap.add_argument("--tokens", help="comma-separated token counts (default: the benchmark's)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dims", help="JSON object overriding keys of the bench's DIMS (e.g. attention's context_lengths)")
     ap.add_argument("--launches", action="store_true", help="also print each launch's distinct bytes and MFMAs")
     args = ap.parse_args(argv)
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
-    rows = run(args.bench, tokens)
+    rows = run(args.bench, tokens, json.loads(args.dims) if args.dims else None)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -8,6 +8,8 @@
   both sides of every tier edge, on realistic inputs and on the op's build_cancelling inputs;
 - special values (check_special_values): on the op's build_special inputs, NaN and +-Inf exactly where the
   reference has them, the rest within the cosine threshold row by row.
+- sequence invariance (ops with `Op.sub_batch`, a batch of sequences): a few sequences give the same output bits
+  alone as inside the padded batch (check_sequence_invariance).
 An op whose reference writes arguments in place (`Op.mutates`, e.g. a KV cache) also has them compared: the
 elements the reference wrote reach the op's cosine, every other byte keeps its value, and the three runs
 leave the same bytes; such ops run unsampled on the emulator.
@@ -68,8 +70,8 @@ def fill_padding(inputs: dict, row_inputs: tuple, real: int, garbage: bool, padd
             elif garbage:
                 noise = torch.randn(pad.shape, generator=torch.Generator().manual_seed(real)) * 1e4
                 pattern = torch.tensor([float("nan"), 65504.0, -65504.0, 0.0])
-                row_kind = torch.arange(pad.shape[0]) % 4
-                values = torch.where((row_kind == 3).unsqueeze(-1), noise, pattern[row_kind].unsqueeze(-1))
+                row_kind = (torch.arange(pad.shape[0]) % 4).view(-1, *([1] * (pad.dim() - 1)))  # any rank
+                values = torch.where(row_kind == 3, noise, pattern[row_kind])
                 pad.copy_(values.to(t.dtype))
             else:
                 pad.zero_()
@@ -186,7 +188,7 @@ def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, samp
 
     Each run gets its own copy of the op's mutated arguments (all three start from the same bytes); the
     last value is their state after each run: [{name: tensor}] * 3 (empty dicts when the op mutates none)."""
-    clean = op.build_inputs(tokens, dims, seed)
+    clean = built_inputs(op, tokens, real, dims, seed)
     entry_name = package.entry_for_op(op_name)
     pad = op.padding_values
     garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True, pad)), dev)
@@ -234,6 +236,13 @@ def _reference_call(op, clean: dict, real: int) -> tuple:
     real_inputs = {k: (v[:real] if k in op.row_inputs else v) for k, v in clean.items()}
     real_inputs.update({m: clean[m].clone() for m in op.mutates})
     return op.reference(**real_inputs), {m: real_inputs[m] for m in op.mutates}
+
+
+def built_inputs(op, tokens: int, real: int, dims: dict, seed: int) -> dict:
+    """The op's seeded inputs at `tokens` rows, rows real.. made graph padding in its other inputs too
+    (`Op.pad_inputs`, e.g. attention's sequence metadata); the row inputs' padding is filled later."""
+    clean = op.build_inputs(tokens, dims, seed)
+    return op.pad_inputs(clean, real) if op.pad_inputs is not None and real < tokens else clean
 
 
 def _sampling(package, real: int, seed: int) -> dict:
@@ -476,3 +485,35 @@ def check_special_values(package, entry, op_name: str, dims: dict, seed: int) ->
             if not c >= op.cosine_min:
                 failures.append(f"{name} row {r}: cosine {c:.6f} of the finite elements < {op.cosine_min}")
     return failures
+
+
+def check_sequence_invariance(package, entry, op_name: str, dims: dict, tokens: int, real: int, seed: int) -> dict:
+    """Ops with `Op.sub_batch` (a batch of sequences): the sequences owning a few seeded real rows give the
+    same output bytes alone as inside the full batch (graph padding in garbage). On the emulator, a package
+    sampled by "tokens" runs only those rows' workgroups in both runs, and the bytes both runs stored are
+    compared. -> {"rows": rows compared, "elements": elements compared, "same": bool}."""
+    op = OPS[op_name]
+    dev = devices.current().torch_device
+    entry_name = package.entry_for_op(op_name)
+    clean = built_inputs(op, tokens, real, dims, seed)
+    picked = sorted(random.Random(seed_of("invariance", seed)).sample(range(real), min(real, EMULATOR_SAMPLE_TOKENS)))
+    sub, rows = op.sub_batch(clean, picked)
+    sampled = devices.current().emulated and package.workgroups == "tokens"
+
+    def run(inputs, wanted):
+        sample = {}
+        if sampled:
+            chooser = getattr(importlib.import_module(package.module), "emulator_workgroups")
+            sample = dict(workgroup_filter=functools.partial(chooser, frozenset(wanted)))
+        return _run(entry, to_device(package.entry_inputs(entry_name, inputs), dev), order_seed=None, sample=sample)
+
+    (full, *_), full_rec = run(fill_padding(clean, op.row_inputs, real, True, op.padding_values), rows)
+    (alone, *_), alone_rec = run(sub, range(len(rows)))
+    idx = torch.tensor(rows, dtype=torch.long)
+    a = full.detach().cpu()[idx]
+    b = alone.detach().cpu()[: len(rows)]
+    mask = torch.ones(a.shape, dtype=torch.bool)
+    if sampled:
+        mask = stored_mask(full_rec, full.detach().cpu().contiguous())[idx] & \
+            stored_mask(alone_rec, alone.detach().cpu().contiguous())[: len(rows)]
+    return {"rows": len(rows), "elements": int(mask.sum()), "same": _same_masked(a, b, mask)}

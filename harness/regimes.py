@@ -65,7 +65,10 @@ def load(path: Path | str) -> list[RegimeOp]:
         tp = tuple(entry.get("tp", sorted(served_tp)))
         if not set(tp) <= served_tp:
             raise ValueError(f"{path.name}: op {entry['op']} lists tp {tp} outside serving {sorted(served_tp)}")
-        ops.append(RegimeOp(path.stem, entry["op"], entry["kernel"], tp, dict(entry["dims"]), counts))
+        # `phases = ["decode"]`: an op whose kernels serve only some phases so far runs only their counts.
+        phases = set(entry.get("phases", ("decode", "prefill")))
+        op_counts = tuple(c for c in counts if c.phase in phases)
+        ops.append(RegimeOp(path.stem, entry["op"], entry["kernel"], tp, dict(entry["dims"]), op_counts))
     return ops
 
 

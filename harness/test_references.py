@@ -174,3 +174,58 @@ def test_rope_kv_write_skips_slot_minus_one_and_copies_v():
         if s >= 0:
             assert torch.equal(inputs["value_cache"][s // bs, s % bs], v[t])
     assert (inputs["key_cache"].view(torch.int16) != before_k.view(torch.int16)).flatten(2).any(-1).sum() == 3
+
+
+def _dense_attention(inputs, b, window):
+    """Sequence b's rows by the textbook formula, one query at a time, in fp64 (keys gathered slot by slot)."""
+    q, kc, vc = inputs["q"], inputs["key_cache"], inputs["value_cache"]
+    cu, lens, table, sinks = inputs["cu_seqlens_q"], inputs["seq_lens"], inputs["block_table"], inputs["sinks"]
+    hq, hkv = q.shape[1], kc.shape[2]
+    q0, q1, L = int(cu[b]), int(cu[b + 1]), int(lens[b])
+    rows = []
+    for i in range(q1 - q0):
+        pos = L - (q1 - q0) + i
+        keys = [j for j in range(L) if j <= pos and (not window or pos - j < window)]
+        heads = []
+        for h in range(hq):
+            kv = h // (hq // hkv)
+            k = torch.stack([kc[table[b, j // 64], j % 64, kv] for j in keys]).double()
+            v = torch.stack([vc[table[b, j // 64], j % 64, kv] for j in keys]).double()
+            s = (k @ q[q0 + i, h].double()) / 8.0
+            e = torch.exp(torch.cat([s, sinks[h:h + 1].double()]))
+            heads.append((e[:-1, None] * v).sum(0) / e.sum())
+        rows.append(torch.stack(heads))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_paged_attention_matches_the_dense_formula(window):
+    """A mixed batch (decode rows, a prefill chunk, a window-crossing sequence) against the textbook formula;
+    the cache's garbage (NaN, 65504) never reaches an output."""
+    from references import attention
+
+    dims = {"query_heads": 4, "kv_heads": 2, "sliding_window": window}
+    inputs = attention.build_paged_attention_inputs(8, dims, 5, seq_lens=[1, 65, 200, 130], q_lens=[1, 3, 2, 1])
+    (out,) = attention.paged_attention(**inputs)
+    assert torch.isfinite(out.float()).all()
+    cu = inputs["cu_seqlens_q"]
+    for b in range(4):
+        expected = _dense_attention(inputs, b, window)
+        got = out[int(cu[b]):int(cu[b + 1])].double()
+        assert (got - expected).abs().max() < 2e-2 * expected.abs().max()
+    assert out[int(cu[-1]):].abs().sum() == 0  # rows past cu_seqlens_q[-1] belong to no sequence
+
+
+def test_paged_attention_sink_enters_the_denominator_once():
+    """sinks = -inf is plain softmax; a huge sink takes almost all the mass (the output shrinks towards 0)."""
+    from references import attention
+
+    inputs = attention.build_paged_attention_inputs(2, {"query_heads": 2, "kv_heads": 1}, 1, seq_lens=[5, 70])
+    (plain,) = attention.paged_attention(**{**inputs, "sinks": torch.full((2,), -math.inf)})
+    (huge,) = attention.paged_attention(**{**inputs, "sinks": torch.full((2,), 30.0)})
+    assert plain.float().abs().sum() > 0 and huge.float().abs().max() < 1e-6
+    q, kc, vc = inputs["q"].double(), inputs["key_cache"], inputs["value_cache"]
+    blk = int(inputs["block_table"][0, 0])
+    k, v = kc[blk, :5, 0].double(), vc[blk, :5, 0].double()
+    p = torch.softmax(q[0, 0] @ k.T / 8.0, dim=0)
+    assert torch.allclose(plain[0, 0].double(), p @ v, atol=1e-2)

@@ -29,6 +29,13 @@ class Op:
     # (row input, value) pairs: graph-padding rows of that input hold this value instead of garbage, as the
     # server pads them (e.g. slot_mapping -1 = write nothing, position 0)
     padding_values: tuple[tuple[str, float], ...] = ()
+    # (inputs, real) -> inputs with rows real.. made graph padding in the op's other inputs too (e.g. the
+    # sequence metadata of attention); None: the row inputs' padding rows are all there is.
+    pad_inputs: Callable | None = None
+    # (inputs, rows) -> (inputs of the sequences owning those token rows, alone; the full batch's rows the
+    # sub-batch's rows 0, 1, ... are): ops whose batch is a list of sequences declare it, and the harness
+    # checks batch invariance with it.
+    sub_batch: Callable | None = None
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,0 +1,51 @@
+"""What is special about the paged attention entries: the value checks of their arguments (run on CPU
+tensors, i.e. under the emulator; on a GPU only with AMD_KERNELS_CHECK_VALUES=1) name the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import checks
+from harness import device as devices
+from references import attention
+
+DIMS = {"query_heads": 8, "kv_heads": 1, "sliding_window": 0, "context_lengths": [1, 65, 130, 1000]}
+
+
+def _broken(inputs: dict):
+    table, lens, cu = inputs["block_table"], inputs["seq_lens"], inputs["cu_seqlens_q"]
+    bad = table.clone()
+    bad[0, 0] = inputs["key_cache"].shape[0]  # a used entry past the cache
+    yield "block_table", {**inputs, "block_table": bad}
+    bad = lens.clone()
+    bad[1] = table.shape[1] * 64 + 1  # more keys than the table holds
+    yield "seq_lens", {**inputs, "seq_lens": bad}
+    bad = cu.clone()
+    bad[2] = bad[1] - 1  # decreasing
+    yield "cu_seqlens_q", {**inputs, "cu_seqlens_q": bad}
+    bad = lens.clone()
+    bad[0] = 0  # one query row, no key
+    yield "seq_lens", {**inputs, "seq_lens": bad}
+
+
+@pytest.mark.skipif(not devices.current().emulated, reason="the value checks run on CPU tensors (emulator)")
+def test_value_checks_name_the_argument():
+    from amd_kernels.attention import paged_q8_kv1_d64 as package
+
+    inputs = checks.to_device(attention.build_paged_attention_inputs(4, DIMS, 0), "cpu")
+    for name, broken in _broken(inputs):
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            package.paged_attention(**broken)
+    with pytest.raises(ValueError, match="^sliding_window: "):
+        package.paged_attention(**{**inputs, "sliding_window": 64})
+
+
+def test_split_depends_only_on_the_length():
+    """The host twin of the kernel's split rule: whole blocks, at most MAX_SPLITS, at least MIN_SPLIT_BLOCKS."""
+    from amd_kernels.attention import paged_decode as kd
+
+    for keys in (1, 64, 65, 512, 513, 1000, 8192, 32768, 131072):
+        spb, n = kd.splits_of(keys, 32, 8)
+        assert spb >= 8 and n <= 32 and (n - 1) * spb * 64 < keys <= n * spb * 64
+    assert torch.tensor([kd.splits_of(131072, 32, 8)[1], kd.splits_of(8192, 32, 8)[1]]).tolist() == [32, 16]

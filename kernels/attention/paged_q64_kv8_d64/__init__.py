@@ -1,0 +1,10 @@
+"""Paged decode attention for 64 query / 8 KV heads, head_dim 64. Entry: paged_attention(...); see README.md."""
+
+from amd_kernels.attention import paged_entries
+from amd_kernels.attention.paged_q64_kv8_d64 import kernel
+
+_built = paged_entries.build(__name__, kernel.SHAPE_TOKEN, kernel.KV_HEADS, kernel.MAX_SPLITS,
+                             kernel.MIN_SPLIT_BLOCKS, kernel.VARIANTS)
+VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
+paged_attention = _built.paged_attention
+emulator_workgroups = _built.emulator_workgroups
