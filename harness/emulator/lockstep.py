@@ -188,6 +188,13 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                     continue
                 parted = False
                 pc0 = None
+                together = getattr(fn, "group", None)
+                if together is not None and len(group) > 1:
+                    # a handler with a group form (buffer loads): one call for the whole group, in its order
+                    cur = group[0]
+                    together(group)
+                    pc = nxt
+                    continue
                 for w in group:
                     cur = w
                     r = fn(w)
@@ -208,10 +215,10 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
             else:
                 for w in group:
                     w.pc = pc
-        except Exception:
+        except Exception as e:
             for w in group:
                 w.pc = pc
-            stopped(cur)
+            stopped(getattr(e, "wave", cur))
             raise
         for w, r in done:
             running.remove(w)

@@ -24,6 +24,7 @@ from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane
 U32, I32, U64, I64, F32 = np.uint32, np.int32, np.uint64, np.int64, np.float32
 VBASE = 128     # sanitizer register-slot bit of VGPR row 0
 _ALL = np.ones(WAVE, bool)
+_LANE_NUMBERS = np.arange(WAVE)
 _ZERO_PAGE = np.zeros(64, np.uint64)        # a harmless address for lanes that must not touch memory
 SAFE_ADDR = _ZERO_PAGE.ctypes.data
 
@@ -435,6 +436,40 @@ def build_buffer(inst, ctx):
             def apply():
                 _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
             _deliver(w, "vm", dmask, apply)
+
+        def group(waves):
+            """Lockstep (lockstep.py): the waves whose every lane is active and in range read in one gather,
+            one memory check and one counter update (the same bytes, checks and counts as one by one); the
+            others take h. Each wave's registers are still delivered through its own queue."""
+            fast, addrs = [], []
+            for w in waves:
+                s_ = w.s
+                a = ba.all_in_range(w, nbytes) if s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF else None
+                if a is None:
+                    h(w)
+                else:
+                    fast.append(w)
+                    addrs.append(a)
+            if not fast:
+                return
+            a = np.concatenate(addrs) if len(addrs) > 1 else addrs[0]
+            if fast[0].san is not None and fast[0].san.mem is not None:
+                try:
+                    fast[0].san.mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(fast)), inst.mnemonic, True, False)
+                except Exception:
+                    for w, x in zip(fast, addrs):     # the report of the first wave that has one, as alone
+                        try:
+                            _check(w, x, nbytes, _ALL, inst.mnemonic, True, False)
+                        except Exception as e:
+                            e.wave = w
+                            raise
+                    raise
+            data = mem_read(a, nbytes)
+            counters.global_load(a, nbytes)
+            for n, w in enumerate(fast):
+                d = data[n * WAVE: (n + 1) * WAVE]
+                _deliver(w, "vm", dmask, lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16))
+        h.group = group
         return h
 
     drow = row_of(data_op, acc)
