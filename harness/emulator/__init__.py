@@ -115,7 +115,7 @@ def launches():
 
 @contextlib.contextmanager
 def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, execute=True, sanitize=_KEEP,
-            interleave_seed=_KEEP, memory=_KEEP, workgroup_filter=None):
+            interleave_seed=_KEEP, memory=_KEEP, workgroup_filter=None, lockstep=_KEEP):
     """Launch options for the block: a seeded workgroup order, and/or a seeded sample of N workgroups
     (the LaunchRecord lists the executed workgroup ids so callers check only those tiles); execute=False
     takes every launch through FlyDSL and the HIP substitute but runs no kernel code.
@@ -126,11 +126,14 @@ def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, exe
 
     sanitize: True (every detector) or a set of 'waits', 'hazards', 'races', 'interleave'; interleave_seed
     seeds the wave interleaving (default: the workgroup order seed); memory: a guard() (usually set by it).
-    These three are inherited from an enclosing options() block unless given."""
+    lockstep: False runs every wave alone (engine.LOCKSTEP, on unless AMD_KERNELS_EMULATOR_LOCKSTEP=0, is
+    the default); the results, counters and reports are the same either way.
+    These four are inherited from an enclosing options() block unless given."""
     opts = dict(runtime.current_options())
     opts.update(workgroup_order_seed=workgroup_order_seed, workgroup_sample=workgroup_sample,
                 sample_seed=sample_seed, execute=execute, workgroup_filter=workgroup_filter)
-    for key, value in (("sanitize", sanitize), ("interleave_seed", interleave_seed), ("memory", memory)):
+    for key, value in (("sanitize", sanitize), ("interleave_seed", interleave_seed), ("memory", memory),
+                       ("lockstep", lockstep)):
         if value is not _KEEP:
             opts[key] = value
     runtime._options_stack.append(opts)

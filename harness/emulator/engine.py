@@ -4,6 +4,7 @@ barriers, every wave starting from the register state the hardware sets up."""
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import struct
 import time
@@ -14,9 +15,15 @@ import numpy as np
 from .codeobject import Kernel
 from .counters import Counters
 from .ops_scalar import BARRIER, ENDPGM
-from .state import EXEC_HI, EXEC_LO, WAVE, Wave
+from .state import EXEC_HI, EXEC_LO, N_VGPR_FILE, WAVE, Wave
 from .translate import Program
+from . import lockstep as lockstep_mod
 from . import sanitizer as san_mod
+
+# Waves of a workgroup run in lockstep (lockstep.py) unless AMD_KERNELS_EMULATOR_LOCKSTEP=0 or the launch
+# option lockstep=False: the per-wave loops below are the reference the lockstep path is tested against.
+LOCKSTEP = os.environ.get("AMD_KERNELS_EMULATOR_LOCKSTEP", "1") != "0"
+LOCKSTEP_WAVES = 64     # waves per lockstep batch: whole workgroups, consecutive in the launch order
 
 YIELD = -1000       # run_wave_sanitized: the wave's slice of the interleaving ran out
 
@@ -239,8 +246,36 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
         rng = random.Random(options.get("interleave_seed") if options.get("interleave_seed") is not None
                             else options.get("workgroup_order_seed") or 0)
         interleave = "interleave" in det
+    lockstep = options.get("lockstep", LOCKSTEP)
     with np.errstate(all="ignore"):
-        for wg_ids in ids:
+        if lockstep:
+            # consecutive workgroups of the (seeded) order share a batch
+            per = max(1, LOCKSTEP_WAVES // n_waves)
+            for c in range(0, len(ids), per):
+                chunk = ids[c: c + per]
+                regs = np.zeros((len(chunk) * n_waves, N_VGPR_FILE, WAVE), np.uint32)
+                groups = []
+                for j, wg_ids in enumerate(chunk):
+                    wg = _Workgroup(wg_ids, lds_bytes)
+                    if "races" in det:
+                        wg.shadow = san_mod.LdsShadow(wg.lds.size)
+                    waves = []
+                    for k in range(n_waves):
+                        slot = j * n_waves + k
+                        w = Wave(k, wg, launch, regs[slot])
+                        w.slot = slot
+                        _init_wave(w, kernel, k, block, wg_ids, grid, kernarg_addr, packet.ctypes.data)
+                        w.pc = entry
+                        if sanitized:
+                            w.san = san_mod.WaveSan(w, det, static, program, memmap, wg.shadow)
+                        waves.append(w)
+                    groups.append((wg, waves))
+                _run_lockstep(groups, regs, program, table if sanitized else program.table,
+                              static if sanitized else None, hits, kernel, counters,
+                              rng if sanitized else None, sanitized and interleave)
+                counters.workgroups += len(chunk)
+                counters.waves += len(chunk) * n_waves
+        for wg_ids in ([] if lockstep else ids):
             wg = _Workgroup(wg_ids, lds_bytes)
             if "races" in det:
                 wg.shadow = san_mod.LdsShadow(wg.lds.size)
@@ -297,6 +332,22 @@ def _run_workgroup(waves, program, hits, kernel, wg_ids, counters):
 
 
 SLICE_MAX = 48      # longest run of one wave before the seeded scheduler may switch
+
+
+def _run_lockstep(groups, regs, program, table, static, hits, kernel, counters, rng, interleave):
+    failing = []
+
+    def ended(w):
+        if w.san is not None:
+            w.san.drain()
+        for hook in wave_end_hooks:
+            hook(w)
+    try:
+        lockstep_mod.run_batch(groups, regs, program, table, static, hits, counters, rng, interleave, ended,
+                               failing.append)
+    except Exception as e:
+        w = failing[-1] if failing else groups[0][1][0]
+        raise _fail(e, kernel, w.wg.ids, w, program) from e
 
 
 def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, counters, rng, interleave):

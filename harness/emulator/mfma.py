@@ -431,4 +431,40 @@ def fast_executor(mnemonic: str, mods: dict):
             A, B = A * SA, B * SB
         D = A @ B + C.view(np.float32).astype(np.float64)
         return D.astype(np.float32).view(np.uint32).reshape(-1).take(d_index)
+
+    # The same for several waves at once (lockstep): the element-wise steps over a leading wave axis, the
+    # products one wave at a time (the same 2-D matmul as run, so the same bits).
+    plan_a, plan_b = _gather_plan(mnemonic, fa, "a"), _gather_plan(mnemonic, fb, "b")
+
+    def decode_many(raw, fmt, plan):
+        _, byte_index, shift = plan
+        lut = numerics._LUT64[fmt]
+        if numerics.WIDTH[fmt] == 8:
+            return lut.take(raw.take(byte_index, axis=1))
+        return lut.take((raw.take(byte_index, axis=1) >> shift) & 0xF)
+
+    def many(a, b, c, scale_a=None, scale_b=None):
+        """a, b, c: (waves, regs, 64) uint32; scale_a / scale_b: (waves, 64) -> (waves, nc, 64), or None."""
+        if a.shape[1] < na or b.shape[1] < nb or _ab_layout is not layout:
+            return None
+        nw = a.shape[0]
+        A = decode_many(np.ascontiguousarray(a[:, :na], np.uint32).view(np.uint8).reshape(nw, -1), fa,
+                        plan_a).reshape(nw, M, K)
+        B = decode_many(np.ascontiguousarray(b[:, :nb], np.uint32).view(np.uint8).reshape(nw, -1), fb,
+                        plan_b).reshape(nw, K, N)
+        C = np.ascontiguousarray(c[:, :nc], np.uint32).reshape(nw, -1).take(perm_c, axis=1).reshape(nw, M, N)
+        P = np.empty((nw, M, N), np.float64)
+        if scaled:
+            da = e8m0.take((np.asarray(scale_a, np.uint32) >> sh_a) & 0xFF)
+            db = e8m0.take((np.asarray(scale_b, np.uint32) >> sh_b) & 0xFF)
+            for k in range(nw):         # run's operands, built the same way (same memory layouts)
+                SA = da[k].reshape(nblk, M).take(kblk, axis=0).T
+                SB = db[k].reshape(nblk, N).take(kblk, axis=0)
+                P[k] = (A[k] * SA) @ (B[k] * SB)
+        else:
+            for k in range(nw):
+                P[k] = A[k] @ B[k]
+        D = P + C.view(np.float32).astype(np.float64)
+        return D.astype(np.float32).view(np.uint32).reshape(nw, -1).take(d_index, axis=1)
+    run.many = many
     return run

@@ -282,7 +282,7 @@ def row_writer(op: Operand, typ: str, acc_offset: int, hi: bool = False):
     width = WIDTH[typ]
     if width == 64:
         def wr(w, val, mask):
-            b = np.broadcast_to(to_bits(val, typ), (64,))
+            b = np.broadcast_to(to_bits(val, typ), w.v.shape[1:])   # (64,), or (waves, 64) in lockstep
             store_row(w, r, (b & np.uint64(0xFFFFFFFF)).astype(np.uint32), mask)
             store_row(w, r + 1, (b >> np.uint64(32)).astype(np.uint32), mask)
         return wr

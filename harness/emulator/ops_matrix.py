@@ -85,6 +85,26 @@ def build_mfma(inst, ctx):
                 return slow(w)
             w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
             counters.mfma[name] += 1
+
+        def group(waves):
+            """Lockstep (lockstep.py): the group's MFMAs decoded and scaled in one pass (fast.many)."""
+            A = np.stack([ra(w) for w in waves])
+            B = np.stack([rb(w) for w in waves])
+            C = np.stack([np.broadcast_to(rc(w), (c_regs, WAVE)) for w in waves])
+            if scaled:
+                x = np.stack([np.broadcast_to(sa(w), (WAVE,)) for w in waves])
+                y = np.stack([np.broadcast_to(sb(w), (WAVE,)) for w in waves])
+                d = fast.many(A, B, C, x, y)
+            else:
+                d = fast.many(A, B, C)
+            if d is None:
+                for w in waves:
+                    h(w)
+                return
+            for k, w in enumerate(waves):
+                w.v[drow: drow + c_regs] = d[k]
+            counters.mfma[name] += len(waves)
+        h.group = group
         return h
     return slow
 

@@ -17,17 +17,19 @@ import numpy as np
 
 from . import mfma, ranks
 from .lanes import swizzle_source_lanes
-from .operands import bf16_bits_rne, exec_mask, parse_operand, raw_reader, row_of, scalar_reader
+from .operands import exec_mask, parse_operand, raw_reader, row_of, scalar_reader
+from .semantics import ATOMIC32
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
 U32, I32, U64, I64, F32 = np.uint32, np.int32, np.uint64, np.int64, np.float32
 VBASE = 128     # sanitizer register-slot bit of VGPR row 0
 _ALL = np.ones(WAVE, bool)
+_LANE_NUMBERS = np.arange(WAVE)
 _ZERO_PAGE = np.zeros(64, np.uint64)        # a harmless address for lanes that must not touch memory
 SAFE_ADDR = _ZERO_PAGE.ctypes.data
 
 # suffix -> (bytes, sign-extend bits or 0, d16 half: None/'lo'/'hi')
-_SIZES = {
+SIZES = {
     "dword": (4, 0, None), "dwordx2": (8, 0, None), "dwordx3": (12, 0, None), "dwordx4": (16, 0, None),
     "ubyte": (1, 0, None), "sbyte": (1, 8, None), "ushort": (2, 0, None), "sshort": (2, 16, None),
     "byte": (1, 0, None), "short": (2, 0, None),
@@ -128,46 +130,6 @@ def _lds_idx(addrs, nbytes):
 
 # ---- atomics ------------------------------------------------------------------------------------------
 
-def _bf16x2_add(old, val):
-    o, v = np.asarray(old, U32), np.asarray(val, U32)
-    lo = ((o << U32(16)).view(F32) + (v << U32(16)).view(F32))
-    hi = ((o & U32(0xFFFF0000)).view(F32) + (v & U32(0xFFFF0000)).view(F32))
-    return bf16_bits_rne(lo) | (bf16_bits_rne(hi) << U32(16))
-
-
-def _f16x2_add(old, val):
-    o, v = np.asarray(old, U32), np.asarray(val, U32)
-
-    def h(x, s):
-        return ((x >> U32(s)) & U32(0xFFFF)).astype(np.uint16).view(np.float16).astype(F32)
-    lo = (h(o, 0) + h(v, 0)).astype(np.float16).view(np.uint16).astype(U32)
-    hi = (h(o, 16) + h(v, 16)).astype(np.float16).view(np.uint16).astype(U32)
-    return lo | (hi << U32(16))
-
-
-def _sx32(x):
-    return np.asarray(x, U32).view(I32)
-
-
-ATOMIC32 = {
-    "add": lambda o, v: o + v, "sub": lambda o, v: o - v, "rsub": lambda o, v: v - o,
-    "swap": lambda o, v: v, "and": lambda o, v: o & v, "or": lambda o, v: o | v, "xor": lambda o, v: o ^ v,
-    "smin": lambda o, v: np.minimum(_sx32(o), _sx32(v)).view(U32), "smax": lambda o, v: np.maximum(_sx32(o), _sx32(v)).view(U32),
-    "min_i32": lambda o, v: np.minimum(_sx32(o), _sx32(v)).view(U32), "max_i32": lambda o, v: np.maximum(_sx32(o), _sx32(v)).view(U32),
-    "umin": np.minimum, "umax": np.maximum, "min_u32": np.minimum, "max_u32": np.maximum,
-    "inc": lambda o, v: np.where(o >= v, U32(0), o + U32(1)), "dec": lambda o, v: np.where((o == 0) | (o > v), v, o - U32(1)),
-    "add_f32": lambda o, v: (o.view(F32) + v.view(F32)).astype(F32).view(U32),
-    "min_f32": lambda o, v: np.fmin(o.view(F32), v.view(F32)).view(U32),
-    "max_f32": lambda o, v: np.fmax(o.view(F32), v.view(F32)).view(U32),
-    "pk_add_bf16": _bf16x2_add, "pk_add_f16": _f16x2_add,
-    "add_u32": lambda o, v: o + v, "sub_u32": lambda o, v: o - v, "rsub_u32": lambda o, v: v - o,
-    "and_b32": lambda o, v: o & v, "or_b32": lambda o, v: o | v, "xor_b32": lambda o, v: o ^ v,
-    "inc_u32": lambda o, v: np.where(o >= v, U32(0), o + U32(1)),
-    "dec_u32": lambda o, v: np.where((o == 0) | (o > v), v, o - U32(1)),
-    "wrxchg_b32": lambda o, v: v,
-}
-
-
 def _atomic_rmw(read_one, write_one, addrs, vals, op, cmp=None):
     """Apply an atomic lane by lane (lanes hitting one address see each other's results)."""
     olds = np.zeros(len(addrs), U32)
@@ -232,9 +194,9 @@ def build_global(inst, ctx):
 
     if kind == "atomic":
         return _global_atomic(inst, ctx, what, address, data_op, dst, returns)
-    if what not in _SIZES:
+    if what not in SIZES:
         return None
-    nbytes, sext, d16 = _SIZES[what]
+    nbytes, sext, d16 = SIZES[what]
     name = inst.mnemonic
     if kind == "load":
         row = row_of(dst, acc)
@@ -284,9 +246,10 @@ def _global_atomic(inst, ctx, what, address, data_op, dst, returns):
     drow = row_of(data_op, acc)
     rrow = row_of(dst, acc) if dst is not None else None
     rmask = _vmask(rrow, 1) if rrow is not None else 0
-    op = ATOMIC32.get(what)
-    if op is None and what != "cmpswap":
+    row = ATOMIC32.get(what)
+    if row is None and what != "cmpswap":
         return None
+    op = row.fn if row is not None else None
     _atomic_rmw = ranks.system_rmw(inst, what) or _local_rmw  # multi-rank hook: sc1 = cross-process
 
     def h(w):
@@ -402,9 +365,9 @@ def build_buffer(inst, ctx):
     ba = BufferAddress(inst, addr_ops, acc)
     if kind == "atomic":
         return _buffer_atomic(inst, ctx, what, ba, data_op)
-    if what.startswith("format") or what not in _SIZES:
+    if what.startswith("format") or what not in SIZES:
         return None
-    nbytes, sext, d16 = _SIZES[what]
+    nbytes, sext, d16 = SIZES[what]
     ndw = max(1, nbytes // 4)
 
     if kind == "load" and lds:
@@ -479,6 +442,40 @@ def build_buffer(inst, ctx):
             def apply():
                 _bytes_to_rows(w, row, data, act, nbytes, sext, d16)
             _deliver(w, "vm", dmask, apply)
+
+        def group(waves):
+            """Lockstep (lockstep.py): the waves whose every lane is active and in range read in one gather,
+            one memory check and one counter update (the same bytes, checks and counts as one by one); the
+            others take h. Each wave's registers are still delivered through its own queue."""
+            fast, addrs = [], []
+            for w in waves:
+                s_ = w.s
+                a = ba.all_in_range(w, nbytes) if s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF else None
+                if a is None:
+                    h(w)
+                else:
+                    fast.append(w)
+                    addrs.append(a)
+            if not fast:
+                return
+            a = np.concatenate(addrs) if len(addrs) > 1 else addrs[0]
+            if fast[0].san is not None and fast[0].san.mem is not None:
+                try:
+                    fast[0].san.mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(fast)), inst.mnemonic, True, False)
+                except Exception:
+                    for w, x in zip(fast, addrs):     # the report of the first wave that has one, as alone
+                        try:
+                            _check(w, x, nbytes, _ALL, inst.mnemonic, True, False)
+                        except Exception as e:
+                            e.wave = w
+                            raise
+                    raise
+            data = mem_read(a, nbytes)
+            counters.global_load(a, nbytes)
+            for n, w in enumerate(fast):
+                d = data[n * WAVE: (n + 1) * WAVE]
+                _deliver(w, "vm", dmask, lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16))
+        h.group = group
         return h
 
     drow = row_of(data_op, acc)
@@ -527,9 +524,10 @@ def _buffer_atomic(inst, ctx, what, ba, data_op):
     drow = row_of(data_op, acc)
     if what.endswith("_x2"):
         return None
-    op = ATOMIC32.get(what)
-    if op is None and what != "cmpswap":
+    row = ATOMIC32.get(what)
+    if row is None and what != "cmpswap":
         return None
+    op = row.fn if row is not None else None
     _atomic_rmw = ranks.system_rmw(inst, what) or _local_rmw  # multi-rank hook: sc1 = cross-process
 
     def h(w):
@@ -576,133 +574,156 @@ def _lds_load_bytes(w, addrs, nbytes):
     return data
 
 
-def build_ds(inst, ctx):
-    name = inst.mnemonic
-    ops = [parse_operand(o) for o in inst.operands]
-    acc = ctx.acc_offset
-    counters = ctx.counters
+def _ds_operands(inst, ctx):
+    """(operands, acc offset, counters, byte offset) every DS builder starts from."""
     offset = int(inst.mods.get("offset", "0"), 0) if not str(inst.mods.get("offset", "0")).startswith("swizzle") else 0
-    if name in ("ds_nop",):
-        return lambda w: None
-    if name == "ds_swizzle_b32":
-        src_lanes = swizzle_source_lanes(inst.mods.get("offset", "0"))
-        drow, srow = row_of(ops[0], acc), row_of(ops[1], acc)
+    return [parse_operand(o) for o in inst.operands], ctx.acc_offset, ctx.counters, offset
 
-        dmask = _vmask(drow, 1)
 
-        def h(w):
-            act = _active(w)
-            v = w.v[srow][src_lanes]
-            v = np.where(act[src_lanes], v, U32(0))
+def build_ds_swizzle(inst, ctx, kind):
+    """ds_swizzle_b32: lanes read each other's register in a pattern (no LDS access)."""
+    ops, acc, _, _ = _ds_operands(inst, ctx)
+    src_lanes = swizzle_source_lanes(inst.mods.get("offset", "0"))
+    drow, srow = row_of(ops[0], acc), row_of(ops[1], acc)
 
-            def apply():
-                w.v[drow, act] = v[act]
-            _deliver(w, "lds", dmask, apply)
-        return h
-    if name in ("ds_bpermute_b32", "ds_permute_b32"):
-        drow, arow, srow = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
-        backward = name == "ds_bpermute_b32"
+    dmask = _vmask(drow, 1)
 
-        dmask = _vmask(drow, 1)
+    def h(w):
+        act = _active(w)
+        v = w.v[srow][src_lanes]
+        v = np.where(act[src_lanes], v, U32(0))
 
-        def h(w):
-            act = _active(w)
-            lane = ((w.v[arow].astype(np.int64) + offset) >> 2) & 63
-            if backward:
-                out = np.where(act[lane], w.v[srow][lane], U32(0))
-            else:
-                out = np.zeros(WAVE, U32)
-                src = np.nonzero(act)[0]
-                out[lane[src]] = w.v[srow][src]
+        def apply():
+            w.v[drow, act] = v[act]
+        _deliver(w, "lds", dmask, apply)
+    return h
 
-            def apply():
-                w.v[drow, act] = out[act]
-            _deliver(w, "lds", dmask, apply)
-        return h
-    m = re.match(r"ds_read_b64_tr_b(4|8|16)$", name)
-    if m:
-        return _ds_read_tr(inst, ctx, ops, offset, int(m.group(1)))
-    m = re.match(r"ds_(read2|write2)(st64)?_b(32|64)$", name)
-    if m:
-        size = int(m.group(3)) // 8
-        scale = size * (64 if m.group(2) else 1)
-        o0 = int(inst.mods.get("offset0", "0"), 0) * scale
-        o1 = int(inst.mods.get("offset1", "0"), 0) * scale
-        ndw = size // 4
-        if m.group(1) == "read2":
-            drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
 
-            dmask = _vmask(drow, 2 * ndw)
+def build_ds_permute(inst, ctx, kind):
+    """ds_permute_b32 / ds_bpermute_b32: lane permutations through the LDS crossbar."""
+    ops, acc, _, offset = _ds_operands(inst, ctx)
+    drow, arow, srow = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
+    backward = inst.mnemonic == "ds_bpermute_b32"
 
-            def h(w):
-                act = _active(w)
-                base = w.v[arow, act].astype(np.int64)
-                got = []
-                for k, o in enumerate((o0, o1)):
-                    got.append(_lds_load_bytes(w, base + o, size).view(U32).reshape(-1, ndw).T)
-                    counters.lds_access(base + o, size, write=False)
+    dmask = _vmask(drow, 1)
 
-                def apply():
-                    for k in range(2):
-                        w.v[drow + k * ndw: drow + (k + 1) * ndw, act] = got[k]
-                rec = (False, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
-                    if w.san is not None else None
-                _deliver(w, "lds", dmask, apply, rec)
-            return h
-        arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
+    def h(w):
+        act = _active(w)
+        lane = ((w.v[arow].astype(np.int64) + offset) >> 2) & 63
+        if backward:
+            out = np.where(act[lane], w.v[srow][lane], U32(0))
+        else:
+            out = np.zeros(WAVE, U32)
+            src = np.nonzero(act)[0]
+            out[lane[src]] = w.v[srow][src]
+
+        def apply():
+            w.v[drow, act] = out[act]
+        _deliver(w, "lds", dmask, apply)
+    return h
+
+
+def build_ds_read_tr(inst, ctx, kind):
+    """ds_read_b64_tr_b{4,8,16}."""
+    ops, acc, counters, offset = _ds_operands(inst, ctx)
+    m = re.match(r"ds_read_b64_tr_b(4|8|16)$", inst.mnemonic)
+    return _ds_read_tr(inst, ctx, ops, offset, int(m.group(1)))
+
+
+def build_ds_pair(inst, ctx, kind):
+    """ds_read2 / ds_write2 (st64) b32 / b64: two accesses at offset0 and offset1."""
+    ops, acc, counters, offset = _ds_operands(inst, ctx)
+    m = re.match(r"ds_(read2|write2)(st64)?_b(32|64)$", inst.mnemonic)
+    size = int(m.group(3)) // 8
+    scale = size * (64 if m.group(2) else 1)
+    o0 = int(inst.mods.get("offset0", "0"), 0) * scale
+    o1 = int(inst.mods.get("offset1", "0"), 0) * scale
+    ndw = size // 4
+    if m.group(1) == "read2":
+        drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
+
+        dmask = _vmask(drow, 2 * ndw)
 
         def h(w):
             act = _active(w)
             base = w.v[arow, act].astype(np.int64)
-            for o, r in ((o0, r0), (o1, r1)):
-                _lds_store_bytes(w, base + o, _rows_to_bytes(w, r, size, act), ctx)
-                counters.lds_access(base + o, size, write=True)
-            rec = (True, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
+            got = []
+            for k, o in enumerate((o0, o1)):
+                got.append(_lds_load_bytes(w, base + o, size).view(U32).reshape(-1, ndw).T)
+                counters.lds_access(base + o, size, write=False)
+
+            def apply():
+                for k in range(2):
+                    w.v[drow + k * ndw: drow + (k + 1) * ndw, act] = got[k]
+            rec = (False, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
                 if w.san is not None else None
-            _deliver(w, "lds", 0, None, rec)
+            _deliver(w, "lds", dmask, apply, rec)
         return h
-    m = re.match(r"ds_(read|write)_(\w+)$", name)
-    if m and m.group(2) in _SIZES:
-        nbytes, sext, d16 = _SIZES[m.group(2)]
-        if m.group(1) == "read":
-            drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
+    arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
 
-            dmask = _vmask(drow, nbytes // 4)
+    def h(w):
+        act = _active(w)
+        base = w.v[arow, act].astype(np.int64)
+        for o, r in ((o0, r0), (o1, r1)):
+            _lds_store_bytes(w, base + o, _rows_to_bytes(w, r, size, act), ctx)
+            counters.lds_access(base + o, size, write=True)
+        rec = (True, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
+            if w.san is not None else None
+        _deliver(w, "lds", 0, None, rec)
+    return h
 
-            def h(w):
-                act = _active(w)
-                a = w.v[arow, act].astype(np.int64) + offset
-                data = _lds_load_bytes(w, a, nbytes)
-                counters.lds_access(a, nbytes, write=False)
 
-                def apply():
-                    _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
-                _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, nbytes)) if w.san is not None else None)
-            return h
-        arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
-        hi = d16 == "hi"
+def build_ds_rw(inst, ctx, kind):
+    """ds_read_* / ds_write_* of one size (d16 halves, sign extension)."""
+    ops, acc, counters, offset = _ds_operands(inst, ctx)
+    m = re.match(r"ds_(read|write)_(\w+)$", inst.mnemonic)
+    nbytes, sext, d16 = SIZES[m.group(2)]
+    if m.group(1) == "read":
+        drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
+
+        dmask = _vmask(drow, nbytes // 4)
 
         def h(w):
             act = _active(w)
             a = w.v[arow, act].astype(np.int64) + offset
-            if hi:
-                data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
-            else:
-                data = _rows_to_bytes(w, drow, nbytes, act)
-            _lds_store_bytes(w, a, data, ctx)
-            counters.lds_access(a, nbytes, write=True)
-            _deliver(w, "lds", 0, None, (True, _lds_idx(a, nbytes)) if w.san is not None else None)
+            data = _lds_load_bytes(w, a, nbytes)
+            counters.lds_access(a, nbytes, write=False)
+
+            def apply():
+                _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
+            _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, nbytes)) if w.san is not None else None)
         return h
+    arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
+    hi = d16 == "hi"
+
+    def h(w):
+        act = _active(w)
+        a = w.v[arow, act].astype(np.int64) + offset
+        if hi:
+            data = (w.v[drow, act] >> U32(16)).copy().view(np.uint8).reshape(-1, 4)[:, :nbytes]
+        else:
+            data = _rows_to_bytes(w, drow, nbytes, act)
+        _lds_store_bytes(w, a, data, ctx)
+        counters.lds_access(a, nbytes, write=True)
+        _deliver(w, "lds", 0, None, (True, _lds_idx(a, nbytes)) if w.san is not None else None)
+    return h
+
+
+def build_ds_atomic(inst, ctx, kind):
+    """LDS atomics (with or without _rtn), applied lane by lane."""
+    name = inst.mnemonic
+    ops, acc, counters, offset = _ds_operands(inst, ctx)
     m = re.match(r"ds_(\w+?)(_rtn)?_(u32|i32|f32|b32|pk_add_bf16|pk_add_f16)$", name)
     if name in ("ds_pk_add_bf16", "ds_pk_add_f16", "ds_pk_add_rtn_bf16", "ds_pk_add_rtn_f16"):
-        op = ATOMIC32[name.replace("ds_", "").replace("_rtn", "")]
+        op = ATOMIC32[name.replace("ds_", "").replace("_rtn", "")].fn
         rtn = "_rtn" in name
     elif m:
         key = f"{m.group(1)}_{m.group(3)}"
-        op = ATOMIC32.get(key) or ATOMIC32.get(m.group(1))
+        row = ATOMIC32.get(key) or ATOMIC32.get(m.group(1))
+        op = row.fn if row is not None else None
         rtn = bool(m.group(2)) or m.group(1) == "wrxchg"
         if m.group(1) == "wrxchg":
-            op = ATOMIC32["swap"]
+            op = ATOMIC32["swap"].fn
             rtn = True
         if op is None and m.group(1) not in ("cmpst", "cmpswap"):
             return None

@@ -11,76 +11,10 @@ import re
 import numpy as np
 
 from .operands import parse_operand, scalar_reader, scalar_writer
+from .semantics import M32, M64, SAVEEXEC, SOP1, SOP2, _sx
 from .state import EXEC_HI, EXEC_LO, MEM8, MEM_BASE
 
 BARRIER, ENDPGM = -1, -2
-M32, M64 = 0xFFFFFFFF, (1 << 64) - 1
-
-
-def _sx(v, bits):
-    top = 1 << (bits - 1)
-    return ((v & ((1 << bits) - 1)) ^ top) - top
-
-
-def _popcount(v):
-    return bin(v).count("1")
-
-
-def _ff1(v, bits):
-    if v == 0:
-        return M32
-    return (v & -v).bit_length() - 1
-
-
-def _flbit(v, bits):
-    if v == 0:
-        return M32
-    return bits - v.bit_length()
-
-
-def _brev(v, bits):
-    return int(format(v, f"0{bits}b")[::-1], 2)
-
-
-def _bfe(v, ctl, bits, signed):
-    off = ctl & (bits - 1)
-    width = (ctl >> 16) & 0x7F
-    if width == 0:
-        return 0
-    r = (v >> off) & ((1 << width) - 1)
-    if signed and width < bits:
-        r = _sx(r, width)
-    return r & ((1 << bits) - 1)
-
-
-# op -> (dst width, src widths, signed srcs, fn(a, b, w) -> (result, scc or None))
-def _binop(fn, scc_nonzero=True):
-    return lambda a, b, bits: (r := fn(a, b, bits) & ((1 << bits) - 1), int(r != 0) if scc_nonzero else None)
-
-
-SOP2 = {
-    "and": _binop(lambda a, b, n: a & b),
-    "or": _binop(lambda a, b, n: a | b),
-    "xor": _binop(lambda a, b, n: a ^ b),
-    "andn2": _binop(lambda a, b, n: a & ~b),
-    "orn2": _binop(lambda a, b, n: a | ~b),
-    "nand": _binop(lambda a, b, n: ~(a & b)),
-    "nor": _binop(lambda a, b, n: ~(a | b)),
-    "xnor": _binop(lambda a, b, n: ~(a ^ b)),
-    "lshl": _binop(lambda a, b, n: a << (b & (n - 1))),
-    "lshr": _binop(lambda a, b, n: a >> (b & (n - 1))),
-    "ashr": _binop(lambda a, b, n: _sx(a, n) >> (b & (n - 1))),
-    "bfm": _binop(lambda a, b, n: ((1 << (a & (n - 1))) - 1) << (b & (n - 1)), scc_nonzero=False),
-    "mul": _binop(lambda a, b, n: a * b, scc_nonzero=False),
-    "mul_hi_u32": _binop(lambda a, b, n: (a * b) >> 32, scc_nonzero=False),
-    "mul_hi_i32": _binop(lambda a, b, n: (_sx(a, 32) * _sx(b, 32)) >> 32, scc_nonzero=False),
-    "bfe_u": _binop(lambda a, b, n: _bfe(a, b, n, False)),
-    "bfe_i": _binop(lambda a, b, n: _bfe(a, b, n, True)),
-    "pack_ll": _binop(lambda a, b, n: (a & 0xFFFF) | ((b & 0xFFFF) << 16), scc_nonzero=False),
-    "pack_lh": _binop(lambda a, b, n: (a & 0xFFFF) | (b & 0xFFFF0000), scc_nonzero=False),
-    "pack_hh": _binop(lambda a, b, n: (a >> 16) | (b & 0xFFFF0000), scc_nonzero=False),
-    "absdiff": _binop(lambda a, b, n: abs(_sx(a, 32) - _sx(b, 32))),
-}
 
 
 def _sop2_handler(name, dst, srcs):
@@ -132,9 +66,10 @@ def _sop2_handler(name, dst, srcs):
         base = "bfe_" + kind
     if base == "mul_hi":
         base = f"mul_hi_{kind}32"
-    fn = SOP2.get(base)
-    if fn is None:
+    row = SOP2.get(base)
+    if row is None:
         return None
+    fn = row.fn
 
     def h(w):
         r, scc = fn(a(w), b(w), bits)
@@ -144,34 +79,12 @@ def _sop2_handler(name, dst, srcs):
     return h
 
 
-SOP1 = {
-    "mov": lambda v, n: (v, None),
-    "not": lambda v, n: (r := ~v & ((1 << n) - 1), int(r != 0)),
-    "brev": lambda v, n: (_brev(v, n), None),
-    "bcnt0_i32": lambda v, n: (r := n - _popcount(v), int(r != 0)),
-    "bcnt1_i32": lambda v, n: (r := _popcount(v), int(r != 0)),
-    "ff0_i32": lambda v, n: (_ff1(~v & ((1 << n) - 1), n), None),
-    "ff1_i32": lambda v, n: (_ff1(v, n), None),
-    "flbit_i32": lambda v, n: (_flbit(v, n), None),
-    "abs": lambda v, n: (r := abs(_sx(v, 32)) & M32, int(r != 0)),
-    "sext_i32_i8": lambda v, n: (_sx(v, 8) & M32, None),
-    "sext_i32_i16": lambda v, n: (_sx(v, 16) & M32, None),
-}
-
-SAVEEXEC = {
-    "and": lambda s, e: s & e, "or": lambda s, e: s | e, "xor": lambda s, e: s ^ e,
-    "andn2": lambda s, e: s & ~e, "orn2": lambda s, e: s | ~e, "nand": lambda s, e: ~(s & e),
-    "nor": lambda s, e: ~(s | e), "xnor": lambda s, e: ~(s ^ e),
-    "andn1": lambda s, e: ~s & e, "orn1": lambda s, e: ~s | e,
-}
-
-
 def build_sop1(inst, ctx):
     name = inst.mnemonic
     ops = [parse_operand(o) for o in inst.operands]
     m = re.match(r"s_(\w+)_saveexec_b64$", name)
     if m and m.group(1) in SAVEEXEC:
-        fn = SAVEEXEC[m.group(1)]
+        fn = SAVEEXEC[m.group(1)].fn
         src, wr = scalar_reader(ops[1], 64), scalar_writer(ops[0], 64)
 
         def h(w):
@@ -235,11 +148,12 @@ def build_sop1(inst, ctx):
     if base in ("bcnt0_i32", "bcnt1_i32", "ff0_i32", "ff1_i32", "flbit_i32"):
         pass
     key = base
-    fn = SOP1.get(key)
-    if fn is None and name in ("s_sext_i32_i8", "s_sext_i32_i16"):
-        fn = SOP1[name[2:]]
-    if fn is None:
+    row = SOP1.get(key)
+    if row is None and name in ("s_sext_i32_i8", "s_sext_i32_i16"):
+        row = SOP1[name[2:]]
+    if row is None:
         return None
+    fn = row.fn
     srcbits = 64 if name.endswith("_b64") else 32
     src, wr = scalar_reader(ops[1], srcbits), scalar_writer(ops[0], 32 if "_i32" in key else bits)
 

@@ -1,7 +1,7 @@
 """Vector ALU instructions (VOP1/VOP2/VOP3/VOP3P/VOPC, DPP and SDWA forms), lane-vectorised with numpy.
 
-Most opcodes are rows of OPS: (result type, source types, numpy function on typed lane values). The generic
-builder handles operand types, op_sel, neg/abs, clamp/omod, DPP and SDWA around them; opcodes with extra
+Most opcodes are rows of semantics.OPS (result type, source types, numpy function on typed lane values); the
+generic builder handles operand types, op_sel, neg/abs, clamp/omod, DPP and SDWA around them; opcodes with extra
 outputs (carries, lane reads, swaps) have their own builders below.
 """
 
@@ -12,340 +12,10 @@ import re
 import numpy as np
 
 from .lanes import SDWA_SEL, dpp_source_lanes, dpp_write_lanes
-from .operands import (WIDTH, FLOAT_TYPES, OperandError, bf16_bits_rne, exec_mask, parse_operand, raw_reader,
+from .operands import (WIDTH, FLOAT_TYPES, OperandError, exec_mask, parse_operand, raw_reader,
                        row_of, row_writer, scalar_reader, scalar_writer, store_row, to_bits, typed_reader)
-from .state import EXEC_HI, EXEC_LO, FULL, LANES, WAVE, lane_mask, pack_mask
-
-U32, I32, F32, U64, I64, F64 = np.uint32, np.int32, np.float32, np.uint64, np.int64, np.float64
-S31 = np.uint32(31)
-
-
-def _u32(x):
-    return np.asarray(x).astype(np.int64).astype(U32) if np.asarray(x).dtype != U32 else x
-
-
-def _cvt_f_to_i(x, lo, hi, dtype):
-    x = np.asarray(x, F64)
-    r = np.trunc(np.nan_to_num(x, nan=0.0, posinf=hi, neginf=lo))
-    return np.clip(r, lo, hi).astype(np.int64).astype(dtype)
-
-
-def _ffbh(x):
-    x = np.asarray(x, U32)
-    n = np.where(x == 0, U32(0xFFFFFFFF), U32(31) - np.floor(np.log2(np.maximum(x, 1).astype(F64))).astype(U32))
-    return n.astype(U32)
-
-
-def _ffbl(x):
-    x = np.asarray(x, U32)
-    low = x & (~x + U32(1))
-    return np.where(x == 0, U32(0xFFFFFFFF), np.floor(np.log2(np.maximum(low, 1).astype(F64))).astype(U32))
-
-
-def _popc(x):
-    x = np.asarray(x, U32)
-    return np.unpackbits(np.atleast_1d(x).view(np.uint8).reshape(-1, 4), axis=1).sum(axis=1).astype(U32).reshape(x.shape)
-
-
-def _bfe(x, off, width, signed):
-    off, width = np.asarray(off, U32) & S31, np.asarray(width, U32) & S31
-    if signed:
-        v = np.asarray(x, U32).view(I32).astype(np.int64)
-    else:
-        v = np.asarray(x, U32).astype(np.int64)
-    r = (v >> off.astype(np.int64)) & ((np.int64(1) << width.astype(np.int64)) - 1)
-    if signed:
-        sh = (64 - width.astype(np.int64))
-        r = np.where(width == 0, 0, (r << sh) >> sh)
-    return np.where(width == 0, 0, r).astype(np.int64).astype(U32)
-
-
-def _alignbit(hi, lo, sh):
-    v = (np.asarray(hi, U32).astype(U64) << U64(32)) | np.asarray(lo, U32).astype(U64)
-    return ((v >> (np.asarray(sh, U32) & S31).astype(U64)) & U64(0xFFFFFFFF)).astype(U32)
-
-
-def _med3(a, b, c):
-    return np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
-
-
-def _fmed3(a, b, c):
-    return np.fmax(np.fmin(a, b), np.fmin(np.fmax(a, b), c))
-
-
-def _ieee_minmax(a, b, minimum: bool):
-    """IEEE 754-2019 minimum/maximum (gfx950 v_minimum3/v_maximum3, LLVM's llvm.minimum/maximum): a NaN
-    operand gives a (quiet) NaN, and -0 < +0."""
-    a, b = np.asarray(a, F32), np.asarray(b, F32)
-    r = np.minimum(a, b) if minimum else np.maximum(a, b)
-    both_zero = (a == 0) & (b == 0)
-    neg = (np.signbit(a) | np.signbit(b)) if minimum else (np.signbit(a) & np.signbit(b))
-    r = np.where(both_zero, np.where(neg, F32(-0.0), F32(0.0)), r).astype(F32)
-    bits = r.view(U32)
-    return np.where(np.isnan(r), bits | U32(0x00400000), bits).view(F32)
-
-
-def _fma32(a, b, c):
-    # float64 holds a*b exactly for float32 inputs; the final sum rounds once more (double rounding is
-    # off by one ulp only in rare ties).
-    return (np.asarray(a, F64) * np.asarray(b, F64) + np.asarray(c, F64)).astype(F32)
-
-
-def _frexp_mant(x):
-    m, _ = np.frexp(x)
-    return np.where(np.isfinite(x), m, x).astype(np.asarray(x).dtype)
-
-
-def _frexp_exp(x):
-    _, e = np.frexp(x)
-    return np.where(np.isfinite(x), e, 0).astype(I32)
-
-
-def _class_mask(x, classes):
-    x = np.asarray(x)
-    f = np.finfo(x.dtype)
-    neg = np.signbit(x)
-    ax = np.abs(x)
-    isnan = np.isnan(x)
-    # no signalling/quiet split for float types numpy creates: treat every NaN as quiet (bit 1) and
-    # signalling (bit 0) by the quiet bit.
-    bits = x.view(U32 if x.dtype == F32 else (np.uint16 if x.dtype == np.float16 else U64))
-    quiet_bit = {F32: 1 << 22, np.float16: 1 << 9, F64: 1 << 51}[x.dtype.type]
-    quiet = (bits.astype(U64) & U64(quiet_bit)) != 0
-    tests = [isnan & ~quiet, isnan & quiet, np.isneginf(x), neg & (ax >= f.tiny) & np.isfinite(x),
-             neg & (ax < f.tiny) & (ax > 0), neg & (ax == 0), ~neg & (ax == 0), ~neg & (ax < f.tiny) & (ax > 0),
-             ~neg & (ax >= f.tiny) & np.isfinite(x), np.isposinf(x)]
-    out = np.zeros(x.shape, bool)
-    classes = np.asarray(classes, U32)
-    for i, t in enumerate(tests):
-        out |= t & (((classes >> U32(i)) & U32(1)) != 0)
-    return out
-
-
-def _bitop3(table):
-    def f(a, b, c):
-        a, b, c = (np.asarray(v, U32) for v in (a, b, c))
-        out = np.zeros(np.broadcast(a, b, c).shape, U32)
-        for i in range(8):
-            if table >> i & 1:
-                out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
-        return out
-    return f
-
-
-def _perm(s0, s1, sel):
-    s0, s1, sel = (np.broadcast_to(np.asarray(v, U32), (WAVE,)) for v in (s0, s1, sel))
-    src = np.stack([(s1 >> U32(8 * i)) & U32(0xFF) for i in range(4)] + [(s0 >> U32(8 * i)) & U32(0xFF) for i in range(4)])
-    sign = [((s1 >> U32(15)) & 1) * 0xFF, ((s1 >> U32(31)) & 1) * 0xFF, ((s0 >> U32(15)) & 1) * 0xFF,
-            ((s0 >> U32(31)) & 1) * 0xFF]
-    out = np.zeros(WAVE, U32)
-    for i in range(4):
-        b = (sel >> U32(8 * i)) & U32(0xFF)
-        v = np.where(b < 8, src[np.minimum(b, 7), np.arange(WAVE)], 0)
-        for k in range(4):
-            v = np.where(b == 8 + k, sign[k], v)
-        v = np.where(b == 12, 0, v)
-        v = np.where(b > 12, 0xFF, v)
-        out |= v.astype(U32) << U32(8 * i)
-    return out
-
-
-def _f16(x):  # round through half precision (results of f16 ops are computed in f32 then rounded)
-    return np.asarray(x, F32)
-
-
-OPS = {
-    # f32
-    "v_add_f32": ("f32", ("f32", "f32"), lambda a, b: a + b),
-    "v_sub_f32": ("f32", ("f32", "f32"), lambda a, b: a - b),
-    "v_subrev_f32": ("f32", ("f32", "f32"), lambda a, b: b - a),
-    "v_mul_f32": ("f32", ("f32", "f32"), lambda a, b: a * b),
-    "v_mul_legacy_f32": ("f32", ("f32", "f32"), lambda a, b: np.where((a == 0) | (b == 0), F32(0), a * b)),
-    "v_max_f32": ("f32", ("f32", "f32"), np.fmax),
-    "v_min_f32": ("f32", ("f32", "f32"), np.fmin),
-    "v_ldexp_f32": ("f32", ("f32", "i32"), lambda a, b: np.ldexp(a, np.clip(b, -300, 300)).astype(F32)),
-    "v_fma_f32": ("f32", ("f32", "f32", "f32"), _fma32),
-    "v_mad_f32": ("f32", ("f32", "f32", "f32"), lambda a, b, c: a * b + c),
-    "v_max3_f32": ("f32", ("f32", "f32", "f32"), lambda a, b, c: np.fmax(np.fmax(a, b), c)),
-    "v_min3_f32": ("f32", ("f32", "f32", "f32"), lambda a, b, c: np.fmin(np.fmin(a, b), c)),
-    "v_med3_f32": ("f32", ("f32", "f32", "f32"), _fmed3),
-    "v_minimum3_f32": ("f32", ("f32", "f32", "f32"),
-                       lambda a, b, c: _ieee_minmax(_ieee_minmax(a, b, True), c, True)),
-    "v_maximum3_f32": ("f32", ("f32", "f32", "f32"),
-                       lambda a, b, c: _ieee_minmax(_ieee_minmax(a, b, False), c, False)),
-    "v_mov_b32": ("b32", ("b32",), lambda a: a),
-    "v_not_b32": ("b32", ("b32",), lambda a: ~a),
-    "v_bfrev_b32": ("b32", ("b32",), lambda a: np.unpackbits(np.broadcast_to(np.asarray(a, U32), (WAVE,)).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, ::-1].copy().reshape(-1, 4, 8)[:, :, :].reshape(-1, 32).dot(1 << np.arange(31, -1, -1, dtype=np.int64)).astype(U32)),
-    "v_ffbh_u32": ("b32", ("b32",), _ffbh),
-    "v_ffbl_b32": ("b32", ("b32",), _ffbl),
-    "v_ffbh_i32": ("b32", ("b32",), lambda a: np.where((a == 0) | (a == 0xFFFFFFFF), U32(0xFFFFFFFF),
-                                                        _ffbh(np.where(a.view(I32) < 0, ~a, a)) - U32(1) + U32(0)).astype(U32)),
-    "v_cvt_f32_i32": ("f32", ("i32",), lambda a: a.astype(F32)),
-    "v_cvt_f32_u32": ("f32", ("u32",), lambda a: a.astype(F32)),
-    "v_cvt_i32_f32": ("i32", ("f32",), lambda a: _cvt_f_to_i(a, -2**31, 2**31 - 1, I32)),
-    "v_cvt_u32_f32": ("u32", ("f32",), lambda a: _cvt_f_to_i(a, 0, 2**32 - 1, U32)),
-    "v_cvt_rpi_i32_f32": ("i32", ("f32",), lambda a: _cvt_f_to_i(np.floor(np.asarray(a, F64) + 0.5), -2**31, 2**31 - 1, I32)),
-    "v_cvt_flr_i32_f32": ("i32", ("f32",), lambda a: _cvt_f_to_i(np.floor(a), -2**31, 2**31 - 1, I32)),
-    "v_cvt_f32_f16": ("f32", ("f16",), lambda a: a),
-    "v_cvt_f16_f32": ("f16", ("f32",), lambda a: a),
-    "v_cvt_f32_bf16": ("f32", ("bf16",), lambda a: a),
-    "v_cvt_f32_ubyte0": ("f32", ("u32",), lambda a: (a & U32(0xFF)).astype(F32)),
-    "v_cvt_f32_ubyte1": ("f32", ("u32",), lambda a: ((a >> U32(8)) & U32(0xFF)).astype(F32)),
-    "v_cvt_f32_ubyte2": ("f32", ("u32",), lambda a: ((a >> U32(16)) & U32(0xFF)).astype(F32)),
-    "v_cvt_f32_ubyte3": ("f32", ("u32",), lambda a: (a >> U32(24)).astype(F32)),
-    "v_cvt_f64_f32": ("f64", ("f32",), lambda a: a.astype(F64)),
-    "v_cvt_f32_f64": ("f32", ("f64",), lambda a: a.astype(F32)),
-    "v_cvt_f64_i32": ("f64", ("i32",), lambda a: a.astype(F64)),
-    "v_cvt_f64_u32": ("f64", ("u32",), lambda a: a.astype(F64)),
-    "v_cvt_i32_f64": ("i32", ("f64",), lambda a: _cvt_f_to_i(a, -2**31, 2**31 - 1, I32)),
-    "v_cvt_u32_f64": ("u32", ("f64",), lambda a: _cvt_f_to_i(a, 0, 2**32 - 1, U32)),
-    "v_cvt_f16_u16": ("f16", ("u16",), lambda a: a.astype(F32)),
-    "v_cvt_f16_i16": ("f16", ("i16",), lambda a: a.astype(F32)),
-    "v_cvt_u16_f16": ("u16", ("f16",), lambda a: _cvt_f_to_i(a, 0, 65535, U32)),
-    "v_cvt_i16_f16": ("i16", ("f16",), lambda a: _cvt_f_to_i(a, -32768, 32767, I32)),
-    "v_fract_f32": ("f32", ("f32",), lambda a: np.where(np.isinf(a), F32(0), a - np.floor(a)).astype(F32)),
-    "v_trunc_f32": ("f32", ("f32",), np.trunc),
-    "v_ceil_f32": ("f32", ("f32",), np.ceil),
-    "v_floor_f32": ("f32", ("f32",), np.floor),
-    "v_rndne_f32": ("f32", ("f32",), np.rint),
-    "v_exp_f32": ("f32", ("f32",), np.exp2),
-    "v_log_f32": ("f32", ("f32",), np.log2),
-    "v_rcp_f32": ("f32", ("f32",), lambda a: F32(1) / a),
-    "v_rcp_iflag_f32": ("f32", ("f32",), lambda a: F32(1) / a),
-    "v_rsq_f32": ("f32", ("f32",), lambda a: (1.0 / np.sqrt(np.asarray(a, F64))).astype(F32)),
-    "v_sqrt_f32": ("f32", ("f32",), np.sqrt),
-    "v_sin_f32": ("f32", ("f32",), lambda a: np.sin(np.asarray(a, F64) * 2 * np.pi).astype(F32)),
-    "v_cos_f32": ("f32", ("f32",), lambda a: np.cos(np.asarray(a, F64) * 2 * np.pi).astype(F32)),
-    "v_frexp_mant_f32": ("f32", ("f32",), _frexp_mant),
-    "v_frexp_exp_i32_f32": ("i32", ("f32",), _frexp_exp),
-    "v_exp_legacy_f32": ("f32", ("f32",), np.exp2),
-    "v_log_legacy_f32": ("f32", ("f32",), np.log2),
-    # f64
-    "v_add_f64": ("f64", ("f64", "f64"), lambda a, b: a + b),
-    "v_mul_f64": ("f64", ("f64", "f64"), lambda a, b: a * b),
-    "v_max_f64": ("f64", ("f64", "f64"), np.fmax),
-    "v_min_f64": ("f64", ("f64", "f64"), np.fmin),
-    "v_fma_f64": ("f64", ("f64", "f64", "f64"), lambda a, b, c: a * b + c),
-    "v_rcp_f64": ("f64", ("f64",), lambda a: 1.0 / a),
-    "v_rsq_f64": ("f64", ("f64",), lambda a: 1.0 / np.sqrt(a)),
-    "v_sqrt_f64": ("f64", ("f64",), np.sqrt),
-    "v_ldexp_f64": ("f64", ("f64", "i32"), lambda a, b: np.ldexp(a, np.clip(b, -3000, 3000))),
-    "v_fract_f64": ("f64", ("f64",), lambda a: a - np.floor(a)),
-    "v_trunc_f64": ("f64", ("f64",), np.trunc),
-    "v_floor_f64": ("f64", ("f64",), np.floor),
-    "v_ceil_f64": ("f64", ("f64",), np.ceil),
-    "v_rndne_f64": ("f64", ("f64",), np.rint),
-    "v_mov_b64": ("b64", ("b64",), lambda a: a),
-    "v_lshlrev_b64": ("b64", ("u32", "b64"), lambda a, b: b << (a & S31 if False else (np.asarray(a, U32) & U32(63)).astype(U64))),
-    "v_lshrrev_b64": ("b64", ("u32", "b64"), lambda a, b: b >> (np.asarray(a, U32) & U32(63)).astype(U64)),
-    "v_ashrrev_i64": ("i64", ("u32", "i64"), lambda a, b: b >> (np.asarray(a, U32) & U32(63)).astype(I64)),
-    "v_lshl_add_u64": ("b64", ("b64", "u32", "b64"), lambda a, b, c: (a << (np.asarray(b, U32) & U32(63)).astype(U64)) + c),
-    # f16 (computed in f32, rounded to f16 on write)
-    "v_add_f16": ("f16", ("f16", "f16"), lambda a, b: a + b),
-    "v_sub_f16": ("f16", ("f16", "f16"), lambda a, b: a - b),
-    "v_subrev_f16": ("f16", ("f16", "f16"), lambda a, b: b - a),
-    "v_mul_f16": ("f16", ("f16", "f16"), lambda a, b: a * b),
-    "v_max_f16": ("f16", ("f16", "f16"), np.fmax),
-    "v_min_f16": ("f16", ("f16", "f16"), np.fmin),
-    "v_fma_f16": ("f16", ("f16", "f16", "f16"), _fma32),
-    "v_mad_f16": ("f16", ("f16", "f16", "f16"), lambda a, b, c: a * b + c),
-    "v_rcp_f16": ("f16", ("f16",), lambda a: F32(1) / a),
-    "v_sqrt_f16": ("f16", ("f16",), np.sqrt),
-    "v_exp_f16": ("f16", ("f16",), np.exp2),
-    "v_log_f16": ("f16", ("f16",), np.log2),
-    "v_max3_f16": ("f16", ("f16", "f16", "f16"), lambda a, b, c: np.fmax(np.fmax(a, b), c)),
-    "v_min3_f16": ("f16", ("f16", "f16", "f16"), lambda a, b, c: np.fmin(np.fmin(a, b), c)),
-    "v_med3_f16": ("f16", ("f16", "f16", "f16"), _fmed3),
-    "v_ldexp_f16": ("f16", ("f16", "i16"), lambda a, b: np.ldexp(a, np.clip(b, -100, 100)).astype(F32)),
-    # 32-bit integer
-    "v_add_u32": ("u32", ("u32", "u32"), lambda a, b: a + b),
-    "v_sub_u32": ("u32", ("u32", "u32"), lambda a, b: a - b),
-    "v_subrev_u32": ("u32", ("u32", "u32"), lambda a, b: b - a),
-    "v_add_i32": ("u32", ("u32", "u32"), lambda a, b: a + b),
-    "v_sub_i32": ("u32", ("u32", "u32"), lambda a, b: a - b),
-    "v_mul_lo_u32": ("u32", ("u32", "u32"), lambda a, b: a * b),
-    "v_mul_hi_u32": ("u32", ("u32", "u32"), lambda a, b: ((a.astype(U64) * b.astype(U64)) >> U64(32)).astype(U32)),
-    "v_mul_hi_i32": ("i32", ("i32", "i32"), lambda a, b: ((a.astype(I64) * b.astype(I64)) >> I64(32)).astype(I32)),
-    "v_mul_u32_u24": ("u32", ("u32", "u32"), lambda a, b: (a & U32(0xFFFFFF)) * (b & U32(0xFFFFFF))),
-    "v_mul_hi_u32_u24": ("u32", ("u32", "u32"), lambda a, b: (((a & U32(0xFFFFFF)).astype(U64) * (b & U32(0xFFFFFF)).astype(U64)) >> U64(32)).astype(U32)),
-    "v_mul_i32_i24": ("i32", ("i32", "i32"), lambda a, b: (((a << 8) >> 8).astype(I64) * ((b << 8) >> 8).astype(I64)).astype(I32)),
-    "v_mul_hi_i32_i24": ("i32", ("i32", "i32"), lambda a, b: ((((a << 8) >> 8).astype(I64) * ((b << 8) >> 8).astype(I64)) >> 32).astype(I32)),
-    "v_and_b32": ("b32", ("b32", "b32"), lambda a, b: a & b),
-    "v_or_b32": ("b32", ("b32", "b32"), lambda a, b: a | b),
-    "v_xor_b32": ("b32", ("b32", "b32"), lambda a, b: a ^ b),
-    "v_xnor_b32": ("b32", ("b32", "b32"), lambda a, b: ~(a ^ b)),
-    "v_lshlrev_b32": ("b32", ("u32", "b32"), lambda a, b: b << (a & S31)),
-    "v_lshrrev_b32": ("b32", ("u32", "b32"), lambda a, b: b >> (a & S31)),
-    "v_ashrrev_i32": ("i32", ("u32", "i32"), lambda a, b: b >> (a & S31).astype(I32)),
-    "v_max_u32": ("u32", ("u32", "u32"), np.maximum),
-    "v_min_u32": ("u32", ("u32", "u32"), np.minimum),
-    "v_max_i32": ("i32", ("i32", "i32"), np.maximum),
-    "v_min_i32": ("i32", ("i32", "i32"), np.minimum),
-    "v_max3_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: np.maximum(np.maximum(a, b), c)),
-    "v_min3_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: np.minimum(np.minimum(a, b), c)),
-    "v_max3_i32": ("i32", ("i32", "i32", "i32"), lambda a, b, c: np.maximum(np.maximum(a, b), c)),
-    "v_min3_i32": ("i32", ("i32", "i32", "i32"), lambda a, b, c: np.minimum(np.minimum(a, b), c)),
-    "v_med3_u32": ("u32", ("u32", "u32", "u32"), _med3),
-    "v_med3_i32": ("i32", ("i32", "i32", "i32"), _med3),
-    "v_bfe_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: _bfe(a, b, c, False)),
-    "v_bfe_i32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: _bfe(a, b, c, True)),
-    "v_bfi_b32": ("b32", ("b32", "b32", "b32"), lambda a, b, c: (a & b) | (~a & c)),
-    "v_bfm_b32": ("b32", ("u32", "u32"), lambda a, b: (((U64(1) << (a & S31).astype(U64)) - U64(1)) << (b & S31).astype(U64)).astype(U32)),
-    "v_alignbit_b32": ("b32", ("b32", "b32", "u32"), _alignbit),
-    "v_alignbyte_b32": ("b32", ("b32", "b32", "u32"), lambda a, b, c: _alignbit(a, b, (c & U32(3)) * U32(8))),
-    "v_lshl_add_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (a << (b & S31)) + c),
-    "v_add_lshl_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (a + b) << (c & S31)),
-    "v_lshl_or_b32": ("b32", ("b32", "u32", "b32"), lambda a, b, c: (a << (b & S31)) | c),
-    "v_and_or_b32": ("b32", ("b32", "b32", "b32"), lambda a, b, c: (a & b) | c),
-    "v_or3_b32": ("b32", ("b32", "b32", "b32"), lambda a, b, c: a | b | c),
-    "v_xad_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (a ^ b) + c),
-    "v_add3_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: a + b + c),
-    "v_mad_u32_u24": ("u32", ("u32", "u32", "u32"), lambda a, b, c: (a & U32(0xFFFFFF)) * (b & U32(0xFFFFFF)) + c),
-    "v_mad_i32_i24": ("i32", ("i32", "i32", "i32"), lambda a, b, c: (((a << 8) >> 8) * ((b << 8) >> 8) + c).astype(I32)),
-    "v_bcnt_u32_b32": ("u32", ("u32", "u32"), lambda a, b: _popc(a) + b),
-    "v_sad_u32": ("u32", ("u32", "u32", "u32"), lambda a, b, c: np.where(a > b, a - b, b - a) + c),
-    "v_perm_b32": ("b32", ("b32", "b32", "b32"), _perm),
-    "v_cvt_pk_bf16_f32": ("b32", ("f32", "f32"), lambda a, b: bf16_bits_rne(a) | (bf16_bits_rne(b) << U32(16))),
-    "v_cvt_pkrtz_f16_f32": ("b32", ("f32", "f32"), lambda a, b: _f16_rtz(a) | (_f16_rtz(b) << U32(16))),
-    "v_cvt_pk_f16_f32": ("b32", ("f32", "f32"), lambda a, b: to_bits(a, "f16") | (to_bits(b, "f16") << U32(16))),
-    "v_pack_b32_f16": ("b32", ("b16", "b16"), lambda a, b: (a & U32(0xFFFF)) | ((b & U32(0xFFFF)) << U32(16))),
-    "v_cvt_pk_u16_u32": ("b32", ("u32", "u32"), lambda a, b: np.minimum(a, 0xFFFF).astype(U32) | (np.minimum(b, 0xFFFF).astype(U32) << U32(16))),
-    "v_cvt_pk_i16_i32": ("b32", ("i32", "i32"), lambda a, b: (np.clip(a, -32768, 32767).astype(U32) & U32(0xFFFF)) | ((np.clip(b, -32768, 32767).astype(U32) & U32(0xFFFF)) << U32(16))),
-    "v_cvt_pknorm_i16_f32": ("b32", ("f32", "f32"), lambda a, b: _pknorm(a, b, True)),
-    "v_cvt_pknorm_u16_f32": ("b32", ("f32", "f32"), lambda a, b: _pknorm(a, b, False)),
-    # 16-bit integer
-    "v_add_u16": ("u16", ("u16", "u16"), lambda a, b: a + b),
-    "v_sub_u16": ("u16", ("u16", "u16"), lambda a, b: a - b),
-    "v_subrev_u16": ("u16", ("u16", "u16"), lambda a, b: b - a),
-    "v_mul_lo_u16": ("u16", ("u16", "u16"), lambda a, b: a * b),
-    "v_lshlrev_b16": ("u16", ("u16", "u16"), lambda a, b: b << (a & U32(15))),
-    "v_lshrrev_b16": ("u16", ("u16", "u16"), lambda a, b: b >> (a & U32(15))),
-    "v_ashrrev_i16": ("i16", ("u16", "i16"), lambda a, b: b >> (a & U32(15)).astype(I32)),
-    "v_max_u16": ("u16", ("u16", "u16"), np.maximum),
-    "v_min_u16": ("u16", ("u16", "u16"), np.minimum),
-    "v_max_i16": ("i16", ("i16", "i16"), np.maximum),
-    "v_min_i16": ("i16", ("i16", "i16"), np.minimum),
-    "v_mad_u16": ("u16", ("u16", "u16", "u16"), lambda a, b, c: a * b + c),
-    "v_mad_i16": ("i16", ("i16", "i16", "i16"), lambda a, b, c: a * b + c),
-}
-
-
-def _f16_rtz(x):
-    x = np.asarray(x, F32)
-    h = x.astype(np.float16)
-    hf = h.astype(F32)
-    # round toward zero: step back one half-ulp when RNE rounded away from zero
-    away = np.isfinite(x) & (np.abs(hf) > np.abs(x))
-    bits = h.view(np.uint16).astype(U32)
-    return np.where(away, bits - U32(1), bits).astype(U32) & U32(0xFFFF)
-
-
-def _pknorm(a, b, signed):
-    def one(x):
-        if signed:
-            return (np.rint(np.clip(np.nan_to_num(x), -1, 1) * 32767).astype(np.int64) & 0xFFFF).astype(U32)
-        return np.rint(np.clip(np.nan_to_num(x), 0, 1) * 65535).astype(U32)
-    return one(a) | (one(b) << U32(16))
+from .state import EXEC_HI, EXEC_LO, WAVE, lane_mask, pack_mask
+from .semantics import F32, F64, I32, I64, OPS, PK16, PK32, U32, U64, _bitop3, _class_mask, _fma32, _popc
 
 
 # ---- mnemonic parsing -----------------------------------------------------------------------------
@@ -819,23 +489,6 @@ def build_vopc(inst, ctx, base, enc):
 
 # ---- VOP3P (packed) -------------------------------------------------------------------------------
 
-PK16 = {
-    "v_pk_add_f16": ("f16", 2, lambda a, b: a + b), "v_pk_mul_f16": ("f16", 2, lambda a, b: a * b),
-    "v_pk_fma_f16": ("f16", 3, _fma32), "v_pk_max_f16": ("f16", 2, np.fmax), "v_pk_min_f16": ("f16", 2, np.fmin),
-    "v_pk_add_u16": ("u16", 2, lambda a, b: a + b), "v_pk_sub_u16": ("u16", 2, lambda a, b: a - b),
-    "v_pk_add_i16": ("i16", 2, lambda a, b: a + b), "v_pk_sub_i16": ("i16", 2, lambda a, b: a - b),
-    "v_pk_mul_lo_u16": ("u16", 2, lambda a, b: a * b),
-    "v_pk_lshlrev_b16": ("u16", 2, lambda a, b: b << (a & U32(15))),
-    "v_pk_lshrrev_b16": ("u16", 2, lambda a, b: b >> (a & U32(15))),
-    "v_pk_ashrrev_i16": ("i16", 2, lambda a, b: b >> (a & 15)),
-    "v_pk_max_u16": ("u16", 2, np.maximum), "v_pk_min_u16": ("u16", 2, np.minimum),
-    "v_pk_max_i16": ("i16", 2, np.maximum), "v_pk_min_i16": ("i16", 2, np.minimum),
-    "v_pk_mad_u16": ("u16", 3, lambda a, b, c: a * b + c), "v_pk_mad_i16": ("i16", 3, lambda a, b, c: a * b + c),
-}
-PK32 = {"v_pk_add_f32": (2, lambda a, b: a + b), "v_pk_mul_f32": (2, lambda a, b: a * b),
-        "v_pk_fma_f32": (3, _fma32), "v_pk_mov_b32": (2, None)}
-
-
 def _half(raw, hi, typ):
     bits = (raw >> U32(16)) if hi else raw
     bits = np.asarray(bits, U32) & U32(0xFFFF)
@@ -859,7 +512,8 @@ def _packed_const_reader(op, typ, acc):
 
 
 def build_pk16(inst, ctx, base, enc):
-    typ, n, fn = PK16[base]
+    row = PK16[base]
+    typ, n, fn = row.result, len(row.sources), row.fn
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
     raws = [_packed_const_reader(o, typ, acc) for o in ops[1:1 + n]]
@@ -886,7 +540,8 @@ def build_pk16(inst, ctx, base, enc):
 
 
 def build_pk32(inst, ctx, base, enc):
-    n, fn = PK32[base]
+    row = PK32[base]
+    n, fn = len(row.sources), row.fn
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
     op_sel = _bits_list(inst.mods.get("op_sel"), n, 0)
@@ -990,26 +645,3 @@ SPECIAL = {
     "v_accvgpr_read_b32": _accvgpr, "v_accvgpr_write_b32": _accvgpr, "v_accvgpr_mov_b32": _accvgpr,
     "v_bitop3_b32": _bitop3_build, "v_bitop3_b16": _bitop3_build,
 }
-
-
-def build_valu(inst, ctx):
-    base, enc = split_encoding(inst.mnemonic)
-    if base in SPECIAL:
-        return SPECIAL[base](inst, ctx, base, enc)
-    if base.startswith(("v_cmp_", "v_cmpx_")):
-        return build_vopc(inst, ctx, base, enc)
-    if base in PK16:
-        return build_pk16(inst, ctx, base, enc)
-    if base in PK32:
-        return build_pk32(inst, ctx, base, enc)
-    if base.startswith("v_dot"):
-        return build_dot(inst, ctx, base, enc)
-    if base in OPS:
-        return build_generic(inst, ctx, base, enc)
-    if base == "v_nop":
-        return lambda w: None
-    return None
-
-
-def known_mnemonics():
-    return set(OPS) | set(SPECIAL) | set(PK16) | set(PK32)

@@ -521,6 +521,15 @@ def _mfma_handler(fn, i):
         if s is not None and s.hazards_on:
             s.mfma_issued(i)
         return r
+    together = getattr(fn, "group", None)
+    if together is not None:           # lockstep's form for a group of waves (ops_matrix.build_mfma)
+        def group(waves):
+            together(waves)
+            for w in waves:
+                s = w.san
+                if s is not None and s.hazards_on:
+                    s.mfma_issued(i)
+        h.group = group
     return h
 
 

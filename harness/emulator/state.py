@@ -61,11 +61,12 @@ class Wave:
     """One wave64's architectural state. Vector registers are rows of a (N, 64) uint32 array."""
 
     __slots__ = ("s", "v", "scc", "pc", "done", "wave_id", "wg", "lds", "lds32", "lds_size", "launch",
-                 "wg_id", "trap", "san")
+                 "wg_id", "trap", "san", "slot")
 
-    def __init__(self, wave_id: int, wg, launch):
+    def __init__(self, wave_id: int, wg, launch, v=None):
         self.s = [0] * N_SGPR
-        self.v = np.zeros((N_VGPR_FILE, WAVE), dtype=np.uint32)
+        # v: this wave's (N, 64) slice of its workgroup's register file (engine.lockstep batches waves over it)
+        self.v = np.zeros((N_VGPR_FILE, WAVE), dtype=np.uint32) if v is None else v
         self.scc = 0
         self.pc = 0
         self.done = False
@@ -78,6 +79,7 @@ class Wave:
         self.wg_id = wg.ids
         self.trap = None
         self.san = None          # sanitizer.WaveSan when a detector is on
+        self.slot = wave_id      # index of its registers in the lockstep batch's register array
 
     @property
     def exec(self) -> int:

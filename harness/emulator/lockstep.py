@@ -1,0 +1,245 @@
+"""Lockstep execution: the waves of a workgroup that stand at one PC run each instruction together.
+
+A batch (a few workgroups, consecutive in the launch's seeded order) keeps its waves' vector registers in
+one (waves, N, 64) array (each Wave.v is its (N, 64) slice). Waves at the same PC form a group; an
+instruction whose handler is shape-generic (the table-driven VALU ops: they read rows and constants,
+broadcast SGPRs and write rows under EXEC) runs once for each run of consecutive waves with equal EXEC, on a
+view whose rows are (waves, 64); a handler with a `group` attribute (buffer loads, f8f6f4 MFMAs) takes the
+whole group in one call; every other instruction runs wave by wave with the same handler as alone. A group
+ends where its waves' PCs part (a branch taken by some, a barrier, s_endpgm); the scheduler then forms the
+next one. Barriers are per workgroup, each workgroup keeps its own LDS.
+
+What stays the same as running waves alone: every handler's effect on each wave, the instruction counts,
+the memory/LDS counters (each access is still one wave's), and the sanitizer's per-wave checks (missing
+waits and MFMA hazards are checked for every wave before the instruction, LDS accesses are recorded per
+wave, so a race between two waves in one barrier epoch is seen whatever the order). What differs is only
+the interleaving, which is a legal one: with the sanitizer's interleaving on, the seeded generator picks
+the group's leader, how many instructions it runs before the next pick and the order in which its waves
+take each wave-by-wave instruction; the seeded workgroup order decides which workgroups share a batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dispatch import classify
+from .operands import parse_operand
+from .ops_scalar import BARRIER
+from .state import EXEC_HI, EXEC_LO
+
+SLICE_MAX = 48      # longest run of one group before the seeded scheduler may switch
+
+# Table rows whose fn is written for one wave's (64,) lanes.
+_NOT_BATCHED = frozenset(("v_bfrev_b32", "v_perm_b32"))
+
+
+def batched_table(program) -> list:
+    """Per instruction: True when its handler may run on a (waves, 64) view."""
+    cache = program.__dict__.get("_lockstep_table")
+    if cache is not None:
+        return cache
+    out = [False] * len(program.table)
+    for inst in program.insts.values():
+        i = (inst.pc - program.base) >> 2
+        if inst.pc in program.unknown:
+            continue
+        k = classify(inst.mnemonic)
+        if k.family not in ("v_op", "v_pk16", "v_pk32") or k.enc not in ("", "e32", "e64"):
+            continue
+        if k.base in _NOT_BATCHED:
+            continue
+        try:
+            kinds = {parse_operand(o).kind for o in inst.operands}
+        except Exception:  # noqa: BLE001 - an operand the builders did not accept either
+            continue
+        if kinds <= {"v", "a", "s", "const"}:
+            out[i] = True
+    program.__dict__["_lockstep_table"] = out
+    return out
+
+
+class _Rows:
+    """v of a batch: row r of every wave in the batch, as a (waves, 64) view."""
+
+    __slots__ = ("regs", "a", "b", "shape")
+
+    def __init__(self, regs, a, b):
+        self.regs, self.a, self.b = regs, a, b
+        self.shape = (regs.shape[1], b - a, regs.shape[2])
+
+    def __getitem__(self, r):
+        return self.regs[self.a:self.b, r]
+
+    def __setitem__(self, r, value):
+        self.regs[self.a:self.b, r] = value
+
+
+class _Sgprs:
+    """s of a batch (read only): a Python int when every wave holds the same value, else a (waves, 1) array."""
+
+    __slots__ = ("waves",)
+
+    def __init__(self, waves):
+        self.waves = waves
+
+    def __getitem__(self, i):
+        ws = self.waves
+        v0 = ws[0].s[i]
+        for w in ws:
+            if w.s[i] != v0:
+                return np.array([x.s[i] for x in ws], np.uint64)[:, None]
+        return v0
+
+    def __setitem__(self, i, value):
+        raise RuntimeError("a batched instruction wrote an SGPR")
+
+
+class _Batch:
+    __slots__ = ("v", "s", "waves")
+
+    def __init__(self, regs, waves):
+        a = waves[0].slot
+        self.v = _Rows(regs, a, a + len(waves))
+        self.s = _Sgprs(waves)
+        self.waves = waves
+
+
+def _runs(group, regs):
+    """The group's maximal runs of consecutive register slots: (waves, _Batch or None for a single wave)."""
+    out, cur = [], [group[0]]
+    for w in group[1:]:
+        if w.slot == cur[-1].slot + 1:
+            cur.append(w)
+        else:
+            out.append(cur)
+            cur = [w]
+    out.append(cur)
+    return [(r, _Batch(regs, r) if len(r) > 1 else None) for r in out]
+
+
+def _same_exec(waves):
+    lo, hi = waves[0].s[EXEC_LO], waves[0].s[EXEC_HI]
+    for w in waves:
+        s = w.s
+        if s[EXEC_LO] != lo or s[EXEC_HI] != hi:
+            return False
+    return True
+
+
+def _slot(w):
+    return w.slot
+
+
+def _pc(w):
+    return w.pc
+
+
+def run_batch(workgroups, regs, program, table, static, hits, counters, rng, interleave, ended, stopped):
+    """Run the waves of a few workgroups to s_endpgm, each workgroup with its own barriers and LDS.
+
+    workgroups: [(wg, waves)], the waves' registers being regs[w.slot]; `table`: the (instrumented) handler
+    table; `static`: the sanitizer's StaticInfo or None; `ended(w)` runs when a wave ends; `stopped(w)`
+    names the wave an exception came from (its w.pc is set to the instruction)."""
+    base = program.base
+    batched = batched_table(program)
+    touch = static.touch if static is not None else None
+    running = sorted((w for _, waves in workgroups for w in waves), key=_slot)
+    at_barrier = {id(wg): [] for wg, _ in workgroups}
+    active = {id(wg): len(waves) for wg, waves in workgroups}      # waves of the workgroup not at a barrier
+    while running:
+        if interleave:
+            lead = running[rng.randrange(len(running))] if len(running) > 1 else running[0]
+            budget = rng.randint(1, SLICE_MAX)
+        else:
+            lead = min(running, key=_pc)        # the laggards first, so waves meet again
+            budget = -1
+        pc = lead.pc
+        group = [w for w in running if w.pc == pc]
+        runs = _runs(group, regs) if len(group) > 1 else [(group, None)]
+        if interleave and len(group) > 1:
+            # the order in which the group's waves take each wave-by-wave instruction (memory) is seeded too
+            group = group.copy()
+            rng.shuffle(group)
+        cur = group[0]
+        done = []
+        try:
+            while budget:
+                budget -= 1
+                i = (pc - base) >> 2
+                fn, nxt = table[i]
+                hits[i] += len(group)
+                if touch is not None:
+                    for w in group:
+                        cur = w
+                        ws = w.san
+                        ws.cur_pc = pc
+                        if ws.pend & touch[i]:
+                            ws.missing_wait(i)
+                        if ws.hazards:
+                            ws.check_hazards(i)
+                if batched[i]:
+                    for run, batch in runs:
+                        if batch is not None and _same_exec(run):
+                            cur = run[0]
+                            fn(batch)
+                        else:
+                            for w in run:
+                                cur = w
+                                fn(w)
+                    pc = nxt
+                    continue
+                parted = False
+                pc0 = None
+                together = getattr(fn, "group", None)
+                if together is not None and len(group) > 1:
+                    # a handler with a group form (buffer loads): one call for the whole group, in its order
+                    cur = group[0]
+                    together(group)
+                    pc = nxt
+                    continue
+                for w in group:
+                    cur = w
+                    r = fn(w)
+                    if r is None:
+                        w.pc = nxt
+                    elif r >= 0:
+                        w.pc = r
+                    else:
+                        w.pc = nxt
+                        done.append((w, r))
+                    if pc0 is None:
+                        pc0 = w.pc
+                    elif w.pc != pc0:
+                        parted = True
+                if done or parted:
+                    break
+                pc = pc0
+            else:
+                for w in group:
+                    w.pc = pc
+        except Exception as e:
+            for w in group:
+                w.pc = pc
+            stopped(getattr(e, "wave", cur))
+            raise
+        for w, r in done:
+            running.remove(w)
+            key = id(w.wg)
+            active[key] -= 1
+            if r == BARRIER:
+                at_barrier[key].append(w)
+            else:
+                try:
+                    ended(w)
+                except Exception:
+                    stopped(w)
+                    raise
+            if active[key] == 0 and at_barrier[key]:
+                # every live wave of the workgroup waits: the barrier releases
+                counters.barriers += 1
+                if w.wg.shadow is not None:
+                    w.wg.shadow.epoch += 1
+                released = at_barrier[key]
+                at_barrier[key] = []
+                active[key] = len(released)
+                running = sorted(running + released, key=_slot)
