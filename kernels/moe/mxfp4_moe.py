@@ -16,8 +16,6 @@
 4. stage 2  grid (max_tiles, h/64): one wave x 4 groups of 16 output columns (the A tile loaded once, real
             rows only), K = IP, + bias, times the pair's routing weight -> y bf16 [M*k, h] at row
             pair = token*k + slot (each element has one writer; padding rows load and store nothing).
-            With w2_planes (TP8) the w2 codes come as four dword loads per lane from dword planes, each
-            plane skipped when it holds no live column, and one scale dword per K-step for the 4 groups.
 5. combine  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
             Why a y round trip (2 M k h bytes): a token's k pairs sit in k different expert tiles, and
             without atomics their sum needs either these rows or one owner per output column walking every
@@ -27,7 +25,7 @@ No atomics anywhere (LDS counters are updated by one lane per expert per chunk, 
 
 Bytes that carry nothing are not read: `shard` (from prepare_weights) gives the live intermediate columns
 [live_lo, live_hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead
-columns, dead 32-column K-blocks of w2 (dead 8-code runs with w2_planes), the K tail past h in the last
+columns, dead 32-column K-blocks of w2, the K tail past h in the last
 gate-up K-step and zero biases load out of range (0, no memory traffic). The swiglu activation has no
 biases at all.
 """
@@ -162,12 +160,9 @@ def _num_tiles(meta):
     return wave.uniform_i32(_dword(buffer.tensor_resource(meta, 16), 0))
 
 
-def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0,
-          w2_planes: bool = False):
+def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0):
     """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
-    splits K over up to that many waves per workgroup (summed through LDS in wave order). w2_planes: w2 in
-    the dword-plane layouts (prepare.w2_planes: rank columns straddle 32-column blocks), so the down kernel
-    skips each 8-code run of the straddling blocks that holds no live column, and the scale padding."""
+    splits K over up to that many waves per workgroup (summed through LDS in wave order)."""
     biases = activation == "gptoss"
     hp = round_up(hidden, KSTEP)
     ks1, ks2 = hp // KSTEP, ip // KSTEP
@@ -385,53 +380,6 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         k_stage1_small, w1_small = make_stage1(small_m_waves, f"{name}_gate_up_small_m")
 
     # ---- 4. stage 2: down + bias, x routing weight -> y[pair] (bf16) ----
-    # The w2 operands of one K-step for the workgroup's 4 column groups, in either layout (prepare.py):
-    # w2_kstep per K-step, then w2_group per group. Lane q's B vector is the 32-column K-block 4 ks + q;
-    # what holds no live column is zero and not loaded.
-    def w2_scale_resource_lanes(w2_scale, e, nblk):
-        return _sub_resource(w2_scale, fx.Int64(e * ng2 + nblk * 4) * (kg2 * 256), 4 * kg2 * 256)
-
-    def w2_group_scales_lanes(bs_rsrc, j, lane):
-        return [_dword(bs_rsrc, (g * kg2 + j) * 256 + lane * 4) for g in range_constexpr(4)]
-
-    def w2_kstep_lanes(bs_rsrc, sbs, ks, lane, q, live_lo, live_hi):
-        k0 = ks * KSTEP + q * 32
-        return sbs, (k0 + 32 > live_lo) & (k0 < live_hi)
-
-    def w2_group_lanes(b_rsrc, step, g, ks, lane, q, r):
-        """-> (B, scale dword, byte): one 16-byte load per lane (16 lanes: 256 contiguous bytes)."""
-        sbs, k_live = step
-        bv = buffer.load_x4(b_rsrc, k_live.select((g * ks2 + ks) * 1024 + lane * 16, buffer.never_in_range()))
-        return bv, sbs[g], ks % 4
-
-    def w2_scale_resource_planes(w2_scale, e, nblk):
-        return _sub_resource(w2_scale, fx.Int64(e * nb2 + nblk) * (ks2 * 256), ks2 * 256)
-
-    def w2_group_scales_planes(bs_rsrc, j, lane):
-        return None  # one dword per K-step, loaded by w2_kstep_planes
-
-    def w2_kstep_planes(bs_rsrc, sbs, ks, lane, q, live_lo, live_hi):
-        k0 = ks * KSTEP + q * 32
-        sb = _dword(bs_rsrc, ((k0 + 32 > live_lo) & (k0 < live_hi)).select((ks * 64 + lane) * 4,
-                                                                           buffer.never_in_range()))
-        return sb, [(k0 + 8 * d + 8 > live_lo) & (k0 + 8 * d < live_hi) for d in range_constexpr(4)]
-
-    def w2_group_planes(b_rsrc, step, g, ks, lane, q, r):
-        """-> (B, scale dword, byte): four dword loads per lane; dword d (codes 8d .. 8d + 7 of the K-block)
-        of 16 lanes is 64 contiguous bytes, skipped when none of its codes is live."""
-        sb, d_live = step
-        bv = fx.Vector.from_elements(
-            [_dword(b_rsrc, d_live[d].select((g * ks2 + ks) * 1024 + q * 256 + d * 64 + r * 4,
-                                             buffer.never_in_range())) for d in range_constexpr(4)], fx.Int32)
-        return bv, sb, g
-
-    if w2_planes:
-        w2_scale_resource, w2_group_scales = w2_scale_resource_planes, w2_group_scales_planes
-        w2_kstep, w2_group = w2_kstep_planes, w2_group_planes
-    else:
-        w2_scale_resource, w2_group_scales = w2_scale_resource_lanes, w2_group_scales_lanes
-        w2_kstep, w2_group = w2_kstep_lanes, w2_group_lanes
-
     @flyc.kernel(name=f"{name}_down", known_block_size=[64, 1, 1])
     def k_stage2(inter_q: fx.Tensor, inter_s: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor,
                  meta: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor, w2_bias: fx.Tensor, shard: fx.Tensor,
@@ -449,19 +397,22 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
             a_row = real_a.select((tile * ROWS + r) * ip + q * 16, buffer.never_in_range())
             as_row = real_a.select((tile * ROWS + r) * (kg2 * 16) + q * 4, buffer.never_in_range())
             b_rsrc = _sub_resource(w2, fx.Int64(e * ng2 + nblk * 4) * (ks2 * 1024), 4 * ks2 * 1024)
-            bs_rsrc = w2_scale_resource(w2_scale, e, nblk)
+            bs_rsrc = _sub_resource(w2_scale, fx.Int64(e * ng2 + nblk * 4) * (kg2 * 256), 4 * kg2 * 256)
             accs = [mfma.zeros() for _ in range_constexpr(4)]
             for j in range_constexpr(kg2):
                 sa = _dword(as_rsrc, as_row + j * 16)
-                sbs = w2_group_scales(bs_rsrc, j, lane)
+                sbs = [_dword(bs_rsrc, (g * kg2 + j) * 256 + lane * 4) for g in range_constexpr(4)]
                 for b in range_constexpr(min(4, ks2 - 4 * j)):
                     ks = 4 * j + b
                     a = buffer.load_x4(a_rsrc, a_row + ks * KSTEP).shuffle(
                         buffer.load_x4(a_rsrc, a_row + ks * KSTEP + 64), list(range(8)))
-                    step = w2_kstep(bs_rsrc, sbs, ks, lane, q, live_lo, live_hi)
+                    # Lane q's B vector is the 32-column K-block 4 ks + q: a padded block is zero, not loaded.
+                    k0 = ks * KSTEP + q * 32
+                    k_live = (k0 + 32 > live_lo) & (k0 < live_hi)
                     for g in range_constexpr(4):
-                        bv, sb, sel = w2_group(b_rsrc, step, g, ks, lane, q, r)
-                        accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sb, sel)
+                        bv = buffer.load_x4(b_rsrc, k_live.select((g * ks2 + ks) * 1024 + lane * 16,
+                                                                  buffer.never_in_range()))
+                        accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sbs[g], ks % 4)
             bias = None
             if biases:
                 bias_rsrc = buffer.tensor_resource(w2_bias, experts * hidden * 4)
@@ -545,7 +496,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     def weight_shapes():
         return dict(w13=(experts, ng1, ks1, 64, 16), w13_scale=(experts, ng1, kg1, 64, 4),
                     w13_bias=(experts, 2 * ip), w2=(experts, ng2, ks2, 64, 16),
-                    w2_scale=(experts, nb2, ks2, 64, 4) if w2_planes else (experts, ng2, kg2, 64, 4),
+                    w2_scale=(experts, ng2, kg2, 64, 4),
                     w2_bias=(experts, hidden), shard=(4,))
 
     def launch_args(key, x, topk_weights, topk_ids, w, out, device="cpu"):
