@@ -48,9 +48,9 @@ def vllm_slice(checkpoint, rank, activation="gptoss", pad_to=None):
         rows = torch.arange(2 * start, 2 * end)
     else:
         rows = torch.cat((torch.arange(start, end), torch.arange(I + start, I + end)))
-    out = dict(w13_blocks=c["w13_blocks"][:, rows], w13_scales=c["w13_scales"][:, rows], w13_bias=c["w13_bias"][:, rows],
-               w2_blocks=c["w2_blocks"][:, :, start // 2:end // 2], w2_scales=c["w2_scales"][:, :, start // 32:end // 32],
-               w2_bias=c["w2_bias"])
+    out = dict(w13_blocks=c["w13_blocks"][:, rows], w13_scales=c["w13_scales"][:, rows],
+               w13_bias=c["w13_bias"][:, rows], w2_blocks=c["w2_blocks"][:, :, start // 2:end // 2],
+               w2_scales=c["w2_scales"][:, :, start // 32:end // 32], w2_bias=c["w2_bias"])
     if pad_to is not None and pad_to > end - start:
         extra = pad_to - (end - start)
 
@@ -117,10 +117,10 @@ def test_vllm_rank_slice_prepares_like_the_full_checkpoint(checkpoint, rank, act
 
 def test_a_checkpoint_of_other_dims_names_the_tensor_and_the_shapes(checkpoint):
     # The old per-rank cut (360 columns, straddling scale blocks) is not vLLM's: refused, not mis-prepared.
-    old = dict(checkpoint, w13_blocks=checkpoint["w13_blocks"][:, 720:1440], w13_scales=checkpoint["w13_scales"][:, 720:1440],
-               w13_bias=checkpoint["w13_bias"][:, 720:1440])
+    old = {**checkpoint, **{k: checkpoint[k][:, 720:1440] for k in ("w13_blocks", "w13_scales", "w13_bias")}}
     with pytest.raises(ValueError, match=r"^w13_blocks: shape \[2, 720, 1440\] is not a checkpoint of this MoE "
-                                         r"\(hidden 2880, intermediate 2880 over tp_size 8.*\[2, 768, 1440\] \(rank 1's slice"):
+                                         r"\(hidden 2880, intermediate 2880 over tp_size 8"
+                                         r".*\[2, 768, 1440\] \(rank 1's slice"):
         P.prepare_weights(**old, activation="gptoss", **DIMS, tp_size=8, tp_rank=1)
     # A slice for another rank (rank 7's 192 columns handed to rank 1) and mixed forms name the tensor.
     with pytest.raises(ValueError, match=r"^w13_blocks: shape \[2, 384, 1440\]"):

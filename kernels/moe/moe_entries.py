@@ -17,8 +17,8 @@ WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
 
 def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, pipeline, prepare_weights,
           tp_size: int = 1):
-    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, launch_args, weight_shapes,
-    weight_dtypes); `prepare_weights`: the package's (prepare.prepare_weights with its shape)."""
+    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, max_tokens, launch_args,
+    weight_shapes, weight_dtypes); `prepare_weights`: the package's (prepare.prepare_weights with its shape)."""
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in pipeline.variants.items()})
     # One mode: M is a runtime argument of every variant; the small_m variant serves the smallest M.
     modes = {"all": sorted(pipeline.variants)}
@@ -30,6 +30,9 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
             w2_bias: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         m = x.shape[0]
+        if m > pipeline.max_tokens:
+            raise ValueError(f"x: {m} tokens, more than this MoE's limit of {pipeline.max_tokens} per call (its "
+                             f"per-pair buffers would pass the 2 GiB its 32-bit offsets reach); split the batch")
         host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
         host.check_tensor("topk_ids", topk_ids, dtype=torch.int32, shape=(m, top_k), like=x)
         given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,

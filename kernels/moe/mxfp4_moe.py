@@ -9,10 +9,13 @@
             tile_expert[tile]. Ids outside [0, E) (graph-padding garbage) are dropped. Same input, same output.
 3. stage 1  grid (max_tiles, IP/32): 16 sorted rows x 32 intermediate columns (gate 32 + up 32 weight
             rows) of one expert; the K-steps are split over the workgroup's waves in contiguous runs of a
-            multiple of 4 (so each B-scale dword is read once) and summed through LDS in wave order (fixed).
-            Up to 4 waves; the small-M variant ("moe.small_m", while the grid is < 256 workgroups) uses up
-            to 8. Then + bias, the activation, MXFP8 quantization per row over the 32 columns (a 16-lane
-            DPP max) -> inter (real rows only).
+            multiple of 4 (so each B-scale dword is read once) and summed through LDS by wave 0. Up to 4
+            waves; the small-M variant ("moe.small_m", while the grid is < 256 workgroups) uses up to 8.
+            Every variant sums K in one fixed grouping (batch invariance: a row's bits never depend on the
+            tier its batch size picks): chunks of `chunk` K-steps, each one MFMA chain from zero; `group`
+            chunks summed left to right; the group sums left to right. Then + bias, the activation (NaN
+            kept), MXFP8 quantization per row over the 32 columns (a 16-lane DPP max) -> inter (real rows
+            only).
 4. stage 2  grid (max_tiles, h/64): one wave x 4 groups of 16 output columns (the A tile loaded once, real
             rows only), K = IP, + bias, times the pair's routing weight -> y bf16 [M*k, h] at row
             pair = token*k + slot (each element has one writer; padding rows load and store nothing).
@@ -20,6 +23,8 @@
             Why a y round trip (2 M k h bytes): a token's k pairs sit in k different expert tiles, and
             without atomics their sum needs either these rows or one owner per output column walking every
             tile in turn (a serial chain of weight loads per workgroup: latency-bound on an MI355X).
+M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
+buffer.never_in_range() and 32-bit offsets cannot wrap.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 
@@ -32,6 +37,7 @@ biases at all.
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
 
+import math
 from types import SimpleNamespace
 
 import flydsl.compiler as flyc
@@ -118,19 +124,26 @@ def _mbcnt(m):
     return fx.Int32(rocdl.mbcnt_hi(i32, fx.as_ir_value(hi), c))
 
 
+def _is_nan(v):
+    return (fx.Float32(v).bitcast(fx.Int32) & 0x7FFFFFFF) > 0x7F800000
+
+
 def _fp8x2(a, b, inv_scale):
-    """Two fp32 -> two E4M3 bytes (clamped to +-448 first, RNE) in the low 16 bits of an i32."""
+    """Two fp32 -> two E4M3 bytes (clamped to +-448 first, RNE) in the low 16 bits of an i32; NaN stays NaN
+    (the clamp would turn it into a finite value)."""
     f32 = ir.F32Type.get()
     lo, hi = _f32(-mxfp8.E4M3_MAX), _f32(mxfp8.E4M3_MAX)
-    ca = rocdl.fmed3(f32, _f32(a * inv_scale), lo, hi)
-    cb = rocdl.fmed3(f32, _f32(b * inv_scale), lo, hi)
-    return fx.Int32(rocdl.cvt_pk_fp8_f32(ir.IntegerType.get_signless(32), ca, cb, fx.Int32(0), False))
+    sa, sb = fx.Float32(a * inv_scale), fx.Float32(b * inv_scale)
+    ca = _is_nan(sa).select(sa, fx.Float32(rocdl.fmed3(f32, _f32(sa), lo, hi)))
+    cb = _is_nan(sb).select(sb, fx.Float32(rocdl.fmed3(f32, _f32(sb), lo, hi)))
+    return fx.Int32(rocdl.cvt_pk_fp8_f32(ir.IntegerType.get_signless(32), _f32(ca), _f32(cb), fx.Int32(0), False))
 
 
 def _activation(kind, gate, up):
     if kind == "gptoss":
-        g = fx.min(gate, fx.Float32(LIMIT))
-        u = fx.max(fx.min(up, fx.Float32(LIMIT)), fx.Float32(-LIMIT))
+        # Clamps that keep NaN (as torch.clamp does; a min/max instruction would drop it): x > 7 is false for NaN.
+        g = (gate > LIMIT).select(fx.Float32(LIMIT), gate)
+        u = (up > LIMIT).select(fx.Float32(LIMIT), (up < -LIMIT).select(fx.Float32(-LIMIT), up))
         sig = 1.0 / (1.0 + _exp2(g * (-ALPHA * LOG2E)))
         return (u + 1.0) * g * sig
     return gate / (1.0 + _exp2(gate * (-LOG2E))) * up
@@ -299,24 +312,119 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                 buffer.store_byte(fx.Int32(0), is_rsrc, first.select(row * (kg2 * 16) + pos_x,
                                                                      buffer.never_in_range()))
 
-    def make_stage1(max_waves: int, kname: str):
-        ksw = 4  # K-steps per wave: a multiple of 4, so each lane's B-scale dword is read by one wave
+    def k_steps_per_wave(max_waves: int) -> int:
+        ksw = 4  # a multiple of 4, so each lane's B-scale dword is read by one wave
         while -(-ks1 // ksw) > max_waves:
             ksw += 4
+        return ksw
+
+    # Batch invariance: every gate-up tier sums K in the same fixed grouping, so a row's bits never depend on
+    # which tier its batch size picks. K-steps run in chunks of `chunk` (one MFMA chain each, from zero);
+    # `group` consecutive chunks are summed left to right, then the group sums left to right. A full-tier
+    # wave holds one group; a small-M wave holds fewer chunks, and wave 0 rebuilds the groups from LDS.
+    ksw_tiers = [k_steps_per_wave(4)] + ([k_steps_per_wave(small_m_waves)] if small_m_waves else [])
+    chunk = math.gcd(*ksw_tiers)
+    group = ksw_tiers[0] // chunk
+    assert len({-(-ks1 // k) * k // chunk for k in ksw_tiers}) == 1, "tiers must sum the same chunks"
+
+    def gate_up_chain(ks0, a_rsrc, as_rsrc, a_row, as_row, b_rsrc, bs_rsrc, col_live, lane, q):
+        """The 4 x 4 accumulators of `chunk` K-steps from ks0 (one MFMA chain from zero)."""
+        accs = [mfma.zeros() for _ in range_constexpr(4)]
+        for s4 in range_constexpr(chunk // 4):
+            j = ks0 // 4 + s4
+            sa = _dword(as_rsrc, as_row + j * 16)
+            sbs = [_dword(bs_rsrc, col_live[g % 2].select((g * kg1 + j) * 256 + lane * 4, buffer.never_in_range()))
+                   for g in range_constexpr(4)]
+            for b in range_constexpr(4):
+                ks = ks0 + s4 * 4 + b
+                # K past h (the last K-step's tail): A's second half (K 64 + 16q ..) and B's lanes q with
+                # 32q >= the tail's length carry zeros; they are not loaded.
+                a_off = (ks < ks1).select(a_row + ks * KSTEP, buffer.never_in_range())
+                a_lo = buffer.load_x4(a_rsrc, a_off)
+                a_hi = buffer.load_x4(a_rsrc, (ks * KSTEP + 64 + q * 16 < hidden).select(
+                    a_off + 64, buffer.never_in_range()))
+                a = a_lo.shuffle(a_hi, list(range(8)))
+                k_live = ks * KSTEP + q * 32 < hidden
+                for g in range_constexpr(4):
+                    b_off = (k_live & col_live[g % 2]).select((g * ks1 + ks) * 1024 + lane * 16,
+                                                              buffer.never_in_range())
+                    bv = buffer.load_x4(b_rsrc, b_off)
+                    accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sbs[g], b)
+        return accs
+
+    def wave_values(first_ks, cpw, per_group, chain):
+        """This wave's cpw chunks from K-step first_ks; with whole groups, each group summed (left to right)."""
+        mine = []
+        for i in range_constexpr(cpw):
+            c = chain(first_ks + i * chunk)
+            if per_group and i % group:
+                prev = mine.pop()
+                c = [prev[g] + c[g] for g in range_constexpr(4)]
+            mine.append(c)
+        return mine
+
+    def lds_store(values, first_slot, part, lane):
+        for i in range_constexpr(len(values)):
+            for g in range_constexpr(4):
+                for reg in range_constexpr(4):
+                    fx.memref_store(values[i][g][reg], part, (((first_slot + i) * 4 + g) * 4 + reg) * 64 + lane)
+
+    def plus_slot(tot, slot, part, lane):
+        for g in range_constexpr(4):
+            for reg in range_constexpr(4):
+                tot[g][reg] = tot[g][reg] + fx.memref_load(part, ((slot * 4 + g) * 4 + reg) * 64 + lane)
+        return tot
+
+    def elements(v):
+        return [[v[g][reg] for reg in range_constexpr(4)] for g in range_constexpr(4)]
+
+    def add(x, y):
+        return [[x[g][reg] + y[g][reg] for reg in range_constexpr(4)] for g in range_constexpr(4)]
+
+    def wave0_total(mine, slots, per_group, part, lane):
+        """Wave 0: the gate-up sums in the fixed grouping, from its own values and the other waves' slots."""
+        if per_group:  # a slot per group: wave 0's groups, then the others' in order
+            tot = elements(mine[0])
+            for i in range_constexpr(1, len(mine)):
+                tot = add(tot, elements(mine[i]))
+            for s in range_constexpr(len(mine), slots):
+                tot = plus_slot(tot, s, part, lane)
+            return tot
+        tot = None  # a slot per chunk: each group summed left to right, then added to the total
+        for g0 in range_constexpr(0, slots, group):
+            grp = None
+            for c in range_constexpr(g0, g0 + group):
+                if c < len(mine):
+                    grp = elements(mine[c]) if grp is None else add(grp, elements(mine[c]))
+                elif grp is None:
+                    grp = [[fx.memref_load(part, ((c * 4 + g) * 4 + reg) * 64 + lane) for reg in range_constexpr(4)]
+                           for g in range_constexpr(4)]
+                else:
+                    grp = plus_slot(grp, c, part, lane)
+            tot = grp if tot is None else add(tot, grp)
+        return tot
+
+    def make_stage1(max_waves: int, kname: str):
+        ksw = k_steps_per_wave(max_waves)
         waves = -(-ks1 // ksw)
+        cpw = ksw // chunk  # chunks per wave
+        # Whole groups per wave: a slot per group; otherwise a slot per chunk (wave 0 forms the groups).
+        per_group = cpw % group == 0
+        per_wave = cpw // group if per_group else cpw  # slots a wave fills
+        slots = waves * per_wave
         # The last wave's scale dwords (A and B) must stay inside the row's KG1 dwords.
         assert (waves - 1) * ksw // 4 + ksw // 4 <= kg1, (ks1, ksw)
 
         @fx.struct
         class S1Lds:
-            part: fx.Array[fx.Float32, max(waves, 2) * 4 * 4 * 64, 16]
+            part: fx.Array[fx.Float32, max(slots, 2) * 4 * 4 * 64, 16]
 
         @flyc.kernel(name=kname, known_block_size=[waves * 64, 1, 1])
         def k_stage1(xq: fx.Tensor, xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor,
                      meta: fx.Tensor, w13: fx.Tensor, w13_scale: fx.Tensor, w13_bias: fx.Tensor,
                      shard: fx.Tensor, inter_q: fx.Tensor, inter_s: fx.Tensor, m: fx.Int32):
             lds = fx.SharedAllocator().allocate(S1Lds).peek()
-            part = lds.part.view(fx.make_layout(max(waves, 2) * 4 * 4 * 64, 1))
+            part = lds.part.view(fx.make_layout(max(slots, 2) * 4 * 4 * 64, 1))
             lane, wv = wave.lane_and_wave(fx.thread_idx.x, waves)
             r, q = lane % 16, lane // 16
             tile = fx.block_idx.x
@@ -336,41 +444,14 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                 g0 = e * ng1 + nblk * 4
                 b_rsrc = _sub_resource(w13, fx.Int64(g0) * (ks1 * 1024), 4 * ks1 * 1024)
                 bs_rsrc = _sub_resource(w13_scale, fx.Int64(g0) * (kg1 * 256), 4 * kg1 * 256)
-                accs = [mfma.zeros() for _ in range_constexpr(4)]
-                ks0 = wv * ksw
-                for s4 in range_constexpr(ksw // 4):
-                    j = ks0 // 4 + s4
-                    sa = _dword(as_rsrc, as_row + j * 16)
-                    sbs = [_dword(bs_rsrc, col_live[g % 2].select((g * kg1 + j) * 256 + lane * 4,
-                                                                  buffer.never_in_range()))
-                           for g in range_constexpr(4)]
-                    for b in range_constexpr(4):
-                        ks = ks0 + s4 * 4 + b
-                        # K past h (the last K-step's tail): A's second half (K 64 + 16q ..) and B's
-                        # lanes q with 32q >= the tail's length carry zeros; they are not loaded.
-                        a_off = (ks < ks1).select(a_row + ks * KSTEP, buffer.never_in_range())
-                        a_lo = buffer.load_x4(a_rsrc, a_off)
-                        a_hi = buffer.load_x4(a_rsrc, (ks * KSTEP + 64 + q * 16 < hidden).select(
-                            a_off + 64, buffer.never_in_range()))
-                        a = a_lo.shuffle(a_hi, list(range(8)))
-                        k_live = ks * KSTEP + q * 32 < hidden
-                        for g in range_constexpr(4):
-                            b_off = (k_live & col_live[g % 2]).select((g * ks1 + ks) * 1024 + lane * 16,
-                                                                      buffer.never_in_range())
-                            bv = buffer.load_x4(b_rsrc, b_off)
-                            accs[g] = mfma.scale_fp8_fp4(a, bv, accs[g], sa, b, sbs[g], b)
+                mine = wave_values(wv * ksw, cpw, per_group,
+                                   lambda ks0: gate_up_chain(ks0, a_rsrc, as_rsrc, a_row, as_row, b_rsrc, bs_rsrc,
+                                                             col_live, lane, q))
                 if waves > 1:
-                    for g in range_constexpr(4):
-                        for reg in range_constexpr(4):
-                            fx.memref_store(accs[g][reg], part, ((wv * 4 + g) * 4 + reg) * 64 + lane)
+                    lds_store(mine, wv * per_wave, part, lane)
                     gpu.barrier()
                 if wv == 0:
-                    # Sum the waves' partials in wave order (fixed).
-                    tot = [[accs[g][reg] for reg in range_constexpr(4)] for g in range_constexpr(4)]
-                    for w in range_constexpr(1, waves):
-                        for g in range_constexpr(4):
-                            for reg in range_constexpr(4):
-                                tot[g][reg] = tot[g][reg] + fx.memref_load(part, ((w * 4 + g) * 4 + reg) * 64 + lane)
+                    tot = wave0_total(mine, slots, per_group, part, lane)
                     epilogue(tot, e, tile, nblk, lane, rows_b, sp_rsrc, col_live, w13_bias, inter_q, inter_s)
 
         return k_stage1, waves
@@ -481,6 +562,18 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         """The many-wave gate-up while the plain one would launch fewer than 256 workgroups."""
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * nb1 < 256 else "moe.full"
 
+    def largest_buffer(m: int) -> int:
+        """Bytes of the largest buffer a launch at m tokens indexes (workspace, x, out)."""
+        pairs = m * top_k
+        rows = max(1, max_tiles(pairs, experts)) * ROWS
+        return max(pairs * hidden * 2, rows * ip, rows * kg2 * 16, m * hp, m * hidden * 2)
+
+    # Token bound: masked stores aim at buffer.never_in_range() (just below 2 GiB) and offsets are 32-bit, so
+    # every buffer must end below it; the bound is the largest power of two that keeps them there.
+    max_tokens = 1
+    while largest_buffer(2 * max_tokens) < 0x7FFFFFF0:
+        max_tokens *= 2
+
     def workspace(m: int, device="cpu"):
         pairs = m * top_k
         tiles = max(1, max_tiles(pairs, experts))
@@ -534,5 +627,6 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         return {(int(t), y, z) for t in hit.nonzero().flatten() for y in range(grid[1]) for z in range(grid[2])}
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
-                           variant_for=variant_for, launch_args=launch_args, weight_shapes=weight_shapes,
+                           variant_for=variant_for, max_tokens=max_tokens, launch_args=launch_args,
+                           weight_shapes=weight_shapes,
                            weight_dtypes=prepare.WEIGHT_DTYPES, emulator_workgroups=emulator_workgroups)

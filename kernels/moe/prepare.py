@@ -128,9 +128,9 @@ def _rank_slice(t: dict, activation, hidden, inter, experts, tp_size, tp_rank, s
             raise TypeError(f"{name}: expected dtype {want} (checkpoint bytes), got {t[name].dtype}")
         if want is None and not t[name].dtype.is_floating_point:
             raise TypeError(f"{name}: expected a floating-point bias, got {t[name].dtype}")
-    shapes = {"w13_blocks": lambda c: (experts, 2 * c, hidden // 2), "w13_scales": lambda c: (experts, 2 * c, hidden // BLOCK),
-              "w13_bias": lambda c: (experts, 2 * c), "w2_blocks": lambda c: (experts, hidden, c // 2),
-              "w2_scales": lambda c: (experts, hidden, c // BLOCK)}
+    shapes = {"w13_blocks": lambda c: (experts, 2 * c, hidden // 2),
+              "w13_scales": lambda c: (experts, 2 * c, hidden // BLOCK), "w13_bias": lambda c: (experts, 2 * c),
+              "w2_blocks": lambda c: (experts, hidden, c // 2), "w2_scales": lambda c: (experts, hidden, c // BLOCK)}
     form = None
     for name, shape_of in shapes.items():
         if t[name] is None:

@@ -1,4 +1,5 @@
-"""MXFP4 MoE of gpt-oss-120b, TP8 (one rank's partial sum): hidden 2880, 384 intermediate columns per rank, 128 experts, top-4.
+"""MXFP4 MoE of gpt-oss-120b, TP8 (one rank's partial sum): hidden 2880, 384 intermediate columns per rank,
+128 experts, top-4.
 
 Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard) -> bf16 [M, 2880],
 the weights from `prepare_weights(..., tp_rank=r)` (amd_kernels.moe.prepare, run once at load time);

@@ -3,7 +3,8 @@
 activation. Design: amd_kernels/moe/mxfp4_moe.py; sharding: amd_kernels/moe/prepare.py.
 
 Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
-gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1)."""
+gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1). Both tiers sum K in
+the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe.build)."""
 
 from amd_kernels.moe import mxfp4_moe, prepare
 
