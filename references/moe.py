@@ -50,7 +50,7 @@ token with such a pair is NaN (its other tokens are untouched).
 Batch invariance: a row's bits depend only on its own inputs (x, its routing, the weights), never on the
 token count or the rest of the batch: the kernels sum gate-up K in one fixed grouping in every tier.
 
-Token count: at most the package's limit (mxfp4_moe.build's max_tokens: 65536 at hidden 2880, 32768 at
+Token count: at most the package's limit (mxfp4_moe geometry's max_tokens: 65536 at hidden 2880, 32768 at
 hidden 6144), where its buffers stay below 2 GiB; a larger count is refused naming x.
 
 Tolerance: cosine >= 0.9999 against this reference (the kernel's fp32 sums run in another order; an
