@@ -1,23 +1,24 @@
-"""MXFP8-activation x MXFP4-weight MoE: five FlyDSL launches, built per shape (h, IP, E, top-k, activation).
+"""MXFP8-activation x MXFP4-weight MoE: four FlyDSL launches, built per shape (h, IP, E, top-k, activation).
 
-One file per stage; `build()` below puts them together with the host side (variant choice, workspace,
+One file per launch; `build()` below puts them together with the host side (variant choice, workspace,
 launch arguments). The per-shape numbers are computed once in geometry.py; common.py holds the device
-helpers the stages share, among them the tile prologue of the two tile launches and the A-scale byte
+helpers the launches share, among them the tile prologue of the two tile launches and the A-scale byte
 position.
 
-1. quant.py    grid M, 1 wave/row: x bf16 [M, h] -> xq E4M3 [M, HP] + E8M0 scales [M, KG1*16] in the A-scale
-               layout (byte (4j + q)*4 + b of a row = K-block 4(4j + b) + q: one dword per lane per 4 K-steps).
-2. sort.py     1 wave: deterministic counting sort of the M*k (token, slot) pairs by expert into 16-row tiles
-               (sorted_pairs, -1 in padding rows; tile_expert; the tile count in meta). Garbage ids (outside
-               [0, E)) are dropped.
-3. gate_up.py  grid (max_tiles, IP/32): 16 sorted rows x 32 intermediate columns (gate 32 + up 32 weight rows)
+1. quant_sort.py  grid M + 1: workgroups 0 .. M-1 quantize x bf16 [M, h] -> xq E4M3 [M, HP] + E8M0 scales
+               [M, KG1*16] in the A-scale layout (byte (4j + q)*4 + b of a row = K-block 4(4j + b) + q: one
+               dword per lane per 4 K-steps), a row each; workgroup M runs the deterministic counting sort of
+               the M*k (token, slot) pairs by expert into 16-row tiles (sorted_pairs, -1 in padding rows;
+               tile_expert; the tile count in meta). Garbage ids (outside [0, E)) are dropped. The two are
+               independent, so they share one launch (one launch gap fewer at decode).
+2. gate_up.py  grid (max_tiles, IP/32): 16 sorted rows x 32 intermediate columns (gate 32 + up 32 weight rows)
                of one expert, K split over the workgroup's waves and summed through LDS in one fixed grouping
                in every variant (batch invariance: a row's bits never depend on the tier its batch size
                picks); + bias, the activation (NaN kept), MXFP8 per row over the 32 columns -> inter. Up to 4
                waves; the small-M variant ("moe.small_m", while the grid is < 256 workgroups) uses up to 8.
-4. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
+3. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
                pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot (one writer per element).
-5. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
+4. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
@@ -37,7 +38,7 @@ import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import combine, down, gate_up, quant, sampling, sort
+from amd_kernels.moe.mxfp4_moe import combine, down, gate_up, quant_sort, sampling
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
@@ -45,7 +46,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
     splits K over up to that many waves per workgroup."""
     geo = Geometry.of(hidden, ip, experts, top_k, activation, name, small_m_waves)
-    k_quant, k_sort = quant.make(geo), sort.make(geo)
+    k_quant_sort = quant_sort.make(geo)
     gate_ups = {False: gate_up.make(geo, 4, f"{name}_gate_up")}
     if small_m_waves:
         gate_ups[True] = gate_up.make(geo, small_m_waves, f"{name}_gate_up_small_m")
@@ -53,8 +54,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
 
     def launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
                    xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
-        k_quant(x, xq, xs, m).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
-        k_sort(topk_ids, sorted_pairs, tile_expert, meta, m).launch(grid=(1, 1, 1), block=(64, 1, 1), stream=stream)
+        k_quant_sort(x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
+            grid=(m + 1, 1, 1), block=(64, 1, 1), stream=stream)
         s1, waves = gate_ups[small_m]
         s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
             grid=(tiles, geo.nb1, 1), block=(waves * 64, 1, 1), stream=stream)

@@ -1,4 +1,4 @@
-"""Stage 5 of 5: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), rounded to bf16 once.
+"""Launch 4 of 4: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), rounded to bf16 once.
 
 grid M, one wave per token. Why a y round trip (2 M k h bytes): a token's k pairs sit in k different
 expert tiles, and without atomics their sum needs either these rows or one owner per output column walking

@@ -1,4 +1,4 @@
-"""Stage 4 of 5: down + bias, times the pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot.
+"""Launch 3 of 4: down + bias, times the pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot.
 
 grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP; the A tile is loaded once and only
 for real rows; each y element has one writer, and padding rows load and store nothing. Lane q's B vector is

@@ -1,4 +1,4 @@
-"""Stage 3 of 5: gate-up + bias + activation + MXFP8 -> inter (the intermediate, real rows only).
+"""Launch 2 of 4: gate-up + bias + activation + MXFP8 -> inter (the intermediate, real rows only).
 
 grid (max_tiles, IP/32): 16 sorted rows x 32 intermediate columns (gate 32 + up 32 weight rows) of one
 expert. K is split over the workgroup's waves in contiguous runs of a multiple of 4 K-steps (so each
@@ -19,7 +19,7 @@ from amd_kernels.moe.mxfp4_moe.geometry import KSTEP, ROWS
 
 def epilogue(geo, tot, e, tile, nblk, lane, rows_b, sp_rsrc, col_live, w13_bias, inter_q, inter_s):
     """tot[g][reg] = the 16 x 64 gate/up sums of (tile, nblk) in the MFMA C layout: + bias, activation,
-    MXFP8 per row over the block's 32 columns -> inter (real rows only: stage 4 never reads padding)."""
+    MXFP8 per row over the block's 32 columns -> inter (real rows only: the down launch never reads padding)."""
     biases, experts, ip, kg2, ks2 = geo.biases, geo.experts, geo.ip, geo.kg2, geo.ks2
     r, q = lane % 16, lane // 16
     bias = None
@@ -45,7 +45,7 @@ def epilogue(geo, tot, e, tile, nblk, lane, rows_b, sp_rsrc, col_live, w13_bias,
         pos = scale_pos(nblk // 4, nblk)
         buffer.store_byte(byte, is_rsrc, (real & (r == 0)).select(row * (kg2 * 16) + pos, buffer.never_in_range()))
         # Bytes of absent K-steps (KS2 .. 4 KG2 - 1) in the last scale dword: zero, written by the
-        # workgroups of the first K-step of that dword (stage 4 loads whole dwords).
+        # workgroups of the first K-step of that dword (the down launch loads whole dwords).
         for ks_x in range_constexpr(ks2, 4 * kg2):
             pos_x = scale_pos(ks_x, nblk)
             first = real & (r == 0) & (nblk // 4 == 4 * (kg2 - 1))
