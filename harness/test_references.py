@@ -229,3 +229,22 @@ def test_paged_attention_sink_enters_the_denominator_once():
     k, v = kc[blk, :5, 0].double(), vc[blk, :5, 0].double()
     p = torch.softmax(q[0, 0] @ k.T / 8.0, dim=0)
     assert torch.allclose(plain[0, 0].double(), p @ v, atol=1e-2)
+
+
+def test_moe_tp_partials_sum_to_tp1_and_ranks_follow_vllm():
+    """TP ranks take whole 32-column scale blocks (vLLM's gpt-oss cut); their partials, summed in rank
+    order, match TP1 (a sum order change and bf16 partials: cosine, not bitwise)."""
+    from references import moe
+
+    spans = [moe.shard_columns(2880, 8, r) for r in range(8)]
+    assert spans == [(384 * r, 384 * r + 384) for r in range(7)] + [(2688, 2880)]
+    dims = {"hidden": 64, "intermediate": 320, "experts": 4, "top_k": 2}  # 10 blocks: 3, 3, 3 and 1 per rank
+    total = torch.zeros(6, 64)
+    for rank in range(4):
+        assert moe.shard_columns(320, 4, rank) == (96 * rank, min(96 * rank + 96, 320))
+        total += moe.moe_mxfp4_gptoss(**moe.build_moe_inputs(6, {**dims, "tp_size": 4, "tp_rank": rank}, 0,
+                                                            activation="gptoss"))[0].float()
+    (tp1,) = moe.moe_mxfp4_gptoss(**moe.build_moe_inputs(6, {**dims, "tp_size": 1, "tp_rank": 0}, 0,
+                                                         activation="gptoss"))
+    assert cosine(total, tp1.float()) >= moe.MOE_COSINE_MIN
+    assert not torch.equal(total.bfloat16(), tp1)  # a real sum order change: the check could fail

@@ -16,7 +16,7 @@ from harness import checks, discovery
 from harness import device as devices
 from references import OPS
 
-PACKAGE = "moe/mxfp4_h2880_i360_e128_top4"
+PACKAGE = "moe/mxfp4_h2880_i384_e128_top4"
 TOKENS = 16
 SAMPLED = frozenset({2, 11})
 

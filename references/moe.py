@@ -30,15 +30,30 @@ MoE forward (`moe_mxfp4_gptoss`, `moe_mxfp4_swiglu`), for each token m and slot 
    Never an atomic add: the sum order is fixed. A pair whose expert id is outside [0, E) (graph-padding
    garbage) selects no expert and adds nothing.
 
-Tensor parallelism (gpt-oss TP8): rank r owns intermediate columns [r*I/tp, (r+1)*I/tp) (360 of 2880).
-Its 32-element w2 scale blocks straddle shard edges; the rank's result is the full computation with the
-intermediate zeroed outside its columns before step 4 (so an edge block is quantized over this rank's
-elements only), step 5 restricted to its columns, the w2 bias added by rank 0 only, and the partial
-output rounded to bf16 (vLLM then all-reduces the partials). No scale is requantized by sharding.
+Tensor parallelism (vLLM's gpt-oss MXFP4 loader): the intermediate dim is cut in whole 32-column scale
+blocks. With nb = I/32 blocks, every rank takes ceil(nb/tp) blocks, per = 32 ceil(nb/tp) columns: rank r owns
+[start, end) = [per r, min(per (r+1), I)) (gpt-oss TP8: 90 blocks, per = 384, ranks 0-6 hold 384 columns
+and rank 7 holds [2688, 2880), 192). No scale block straddles two ranks, so a rank's result is steps 1-5
+restricted to its columns, unchanged: its w13 rows (2 start .. 2 end interleaved, or gate/up [start, end)),
+its w2 K-columns and their scale blocks, step 4's blocks exactly the checkpoint's; the w2 bias is added by
+rank 0 only (vLLM zeroes it on the others), and the rank's partial output is rounded to bf16 (vLLM then
+all-reduces). The partials summed in rank order equal the TP1 result up to summation order and the
+partials' bf16 rounding (cosine >= 0.9999, not bitwise). No scale is requantized by sharding.
 
 Checkpoint layout (the inputs): w13_blocks uint8 [E, 2I, h/2], w13_scales uint8 [E, 2I, h/32],
 w2_blocks uint8 [E, h, I/2], w2_scales uint8 [E, h, I/32] (the same bytes as gpt-oss's [.., K/32, 16]
 blocks), biases bf16 [E, 2I] and [E, h]. Scales are E8M0 bytes (2^(byte - 127)).
+
+Special values: an E8M0 weight scale byte 255 is NaN (OCP MX): its 32 weights are NaN, so a w13 byte 255
+makes that expert's gate/up value NaN for every token routed to it; the clamps propagate NaN (torch.clamp),
+step 4 quantizes a NaN to an E4M3 NaN, and step 5 spreads it over the pair's whole row: every output of a
+token with such a pair is NaN (its other tokens are untouched).
+
+Batch invariance: a row's bits depend only on its own inputs (x, its routing, the weights), never on the
+token count or the rest of the batch: the kernels sum gate-up K in one fixed grouping in every tier.
+
+Token count: at most the package's limit (mxfp4_moe geometry's max_tokens: 65536 at hidden 2880, 32768 at
+hidden 6144), where its buffers stay below 2 GiB; a larger count is refused naming x.
 
 Tolerance: cosine >= 0.9999 against this reference (the kernel's fp32 sums run in another order; an
 intermediate value on an E4M3 rounding boundary may move one step), the kernel bitwise deterministic, and
@@ -72,6 +87,7 @@ def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     hi = FP4_VALUES[(blocks >> 4).long()]
     vals = torch.stack((lo, hi), dim=-1).reshape(*blocks.shape[:-1], blocks.shape[-1] * 2)
     scale = torch.ldexp(torch.ones(scales.shape), scales.float() - 127)
+    scale = torch.where(scales == 255, torch.nan, scale)  # E8M0 255 is NaN (OCP MX), not 2^128
     k = vals.shape[-1]
     return (vals.reshape(*vals.shape[:-1], k // MX_BLOCK, MX_BLOCK) * scale.unsqueeze(-1)).reshape(vals.shape)
 
@@ -86,15 +102,15 @@ def swiglu_activation(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
-def shard_columns(intermediate: int, tp_size: int, tp_rank: int) -> tuple[int, int, int, int]:
-    """(start, end) of the rank's intermediate columns and (lo, hi), the 32-aligned blocks they touch."""
-    if intermediate % tp_size or not 0 <= tp_rank < tp_size:
+def shard_columns(intermediate: int, tp_size: int, tp_rank: int) -> tuple[int, int]:
+    """(start, end): rank tp_rank's intermediate columns, whole 32-column blocks (vLLM's gpt-oss rule)."""
+    if intermediate % MX_BLOCK or tp_size < 1 or not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_size {tp_size} / tp_rank {tp_rank} do not shard intermediate {intermediate}")
-    per = intermediate // tp_size
-    start, end = tp_rank * per, (tp_rank + 1) * per
-    lo = start // MX_BLOCK * MX_BLOCK
-    hi = -(-end // MX_BLOCK) * MX_BLOCK
-    return start, end, lo, hi
+    per = -(-(intermediate // MX_BLOCK) // tp_size) * MX_BLOCK
+    start, end = tp_rank * per, min((tp_rank + 1) * per, intermediate)
+    if start >= end:
+        raise ValueError(f"tp_rank {tp_rank}: no columns of intermediate {intermediate} at tp_size {tp_size}")
+    return start, end
 
 
 def _moe(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias,
@@ -102,15 +118,14 @@ def _moe(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
     tokens, hidden = x.shape
     experts, two_i, _ = w13_blocks.shape
     inter = two_i // 2
-    start, end, lo, hi = shard_columns(inter, tp_size, tp_rank)
+    start, end = shard_columns(inter, tp_size, tp_rank)
     xq = mxfp8_dequantize(*mxfp8_quantize(x.float()))
     if activation == "gptoss":  # interleaved rows: gate 2i, up 2i+1
-        gate_rows = torch.arange(lo, hi) * 2
+        gate_rows = torch.arange(start, end) * 2
         up_rows = gate_rows + 1
     else:
-        gate_rows = torch.arange(lo, hi)
+        gate_rows = torch.arange(start, end)
         up_rows = gate_rows + inter
-    keep = ((torch.arange(lo, hi) >= start) & (torch.arange(lo, hi) < end)).float()
     y = torch.zeros(tokens, topk_ids.shape[1], hidden)
     ids = topk_ids.long()
     for e in torch.unique(ids).tolist():
@@ -124,8 +139,8 @@ def _moe(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
             gate = gate + w13_bias[e, gate_rows].float()
             up = up + w13_bias[e, up_rows].float()
         act = gptoss_activation(gate, up) if activation == "gptoss" else swiglu_activation(gate, up)
-        aq = mxfp8_dequantize(*mxfp8_quantize(act * keep))
-        w2 = mxfp4_dequantize(w2_blocks[e], w2_scales[e])[:, lo:hi]
+        aq = mxfp8_dequantize(*mxfp8_quantize(act))
+        w2 = mxfp4_dequantize(w2_blocks[e], w2_scales[e])[:, start:end]
         ye = aq @ w2.T
         if w2_bias is not None and tp_rank == 0:
             ye = ye + w2_bias[e].float()

@@ -2,7 +2,7 @@
 
 min bytes: read x (bf16), topk_weights and topk_ids once, write out (bf16) once, and read once the weights
 of every expert the routing selects - MXFP4 codes and E8M0 scales of the rank's real (unpadded) rows and
-columns (a TP8 rank's w2 scale blocks: the blocks its columns touch), bf16 biases where the model has them.
+columns (a TP8 rank's whole 32-column blocks, vLLM's cut), bf16 biases where the model has them.
 Intermediate tensors (quantized x, sorted pairs, gate-up output, per-slot rows) are not in the minimum: a
 fully fused kernel would not write them. min_write_bytes: out; the rest is the reads' minimum.
 boundary_bytes: the two intermediates the staged MoE (issue: stage 1, stage 2, a fixed-order reduce; no
@@ -17,7 +17,7 @@ The routing is the reference builder's (references/moe.py, seed 0, as the runner
 import torch
 
 from benchmarks.runner import Cost
-from references.moe import build_routing
+from references.moe import build_routing, shard_columns
 
 
 def routing(m: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> torch.Tensor:
@@ -29,9 +29,9 @@ def routing(m: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> tor
 
 def moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_size: int = 1, tp_rank: int = 0,
              biases: bool) -> Cost:
-    per = inter // tp_size
-    start, end = tp_rank * per, (tp_rank + 1) * per
-    w2_blocks = -(-end // 32) - start // 32
+    start, end = shard_columns(inter, tp_size, tp_rank)
+    per = end - start
+    w2_blocks = per // 32
     ids = routing(m, hidden, experts, top_k)
     counts = torch.bincount(ids.reshape(-1).long(), minlength=experts)
     used = int((counts > 0).sum())

@@ -233,7 +233,7 @@ OPS = Table({
                        lambda a, b, c: _ieee_minmax(_ieee_minmax(a, b, False), c, False)),
     "v_mov_b32": Row("b32", ("b32",), lambda a: a),
     "v_not_b32": Row("b32", ("b32",), lambda a: ~a),
-    "v_bfrev_b32": Row("b32", ("b32",), lambda a: np.unpackbits(np.broadcast_to(np.asarray(a, U32), (WAVE,)).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, ::-1].copy().reshape(-1, 4, 8)[:, :, :].reshape(-1, 32).dot(1 << np.arange(31, -1, -1, dtype=np.int64)).astype(U32)),
+    "v_bfrev_b32": Row("b32", ("b32",), lambda a: np.unpackbits(np.ascontiguousarray(np.broadcast_to(np.asarray(a, U32), (WAVE,))).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, ::-1].copy().reshape(-1, 4, 8)[:, :, :].reshape(-1, 32).dot(1 << np.arange(31, -1, -1, dtype=np.int64)).astype(U32)),
     "v_ffbh_u32": Row("b32", ("b32",), _ffbh),
     "v_ffbl_b32": Row("b32", ("b32",), _ffbl),
     "v_ffbh_i32": Row("b32", ("b32",), lambda a: np.where((a == 0) | (a == 0xFFFFFFFF), U32(0xFFFFFFFF),

@@ -11,15 +11,14 @@ from types import SimpleNamespace
 import torch
 
 from amd_kernels import host, warm_up
-from amd_kernels.moe import prepare
 
 WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
 
 
-def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, activation: str, pipeline,
+def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, pipeline, prepare_weights,
           tp_size: int = 1):
-    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, launch_args, weight_shapes,
-    weight_dtypes)."""
+    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, max_tokens, launch_args,
+    weight_shapes, weight_dtypes); `prepare_weights`: the package's (prepare.prepare_weights with its shape)."""
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in pipeline.variants.items()})
     # One mode: M is a runtime argument of every variant; the small_m variant serves the smallest M.
     modes = {"all": sorted(pipeline.variants)}
@@ -29,6 +28,9 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         """The checks and the output, shared by the entry and its fake (host.custom_op)."""
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         m = x.shape[0]
+        if m > pipeline.max_tokens:
+            raise ValueError(f"x: {m} tokens, more than this MoE's limit of {pipeline.max_tokens} per call (its "
+                             f"per-pair buffers would pass the 2 GiB its 32-bit offsets reach); split the batch")
         host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
         host.check_tensor("topk_ids", topk_ids, dtype=torch.int32, shape=(m, top_k), like=x)
         given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
@@ -64,10 +66,9 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         key = (id(inputs["w13_blocks"]), inputs.get("tp_rank", 0))
         if key not in cache:
             cache.clear()
-            cache[key] = (inputs["w13_blocks"], prepare.prepare_weights(
+            cache[key] = (inputs["w13_blocks"], prepare_weights(
                 inputs["w13_blocks"], inputs["w13_scales"], inputs.get("w13_bias"), inputs["w2_blocks"],
-                inputs["w2_scales"], inputs.get("w2_bias"), activation=activation,
-                tp_size=tp_size, tp_rank=inputs.get("tp_rank", 0)))
+                inputs["w2_scales"], inputs.get("w2_bias"), tp_rank=inputs.get("tp_rank", 0)))
         weights = cache[key][1]
         return {"x": inputs["x"], "topk_weights": inputs["topk_weights"], "topk_ids": inputs["topk_ids"], **weights}
 

@@ -1,7 +1,7 @@
 """MXFP4 MoE of gpt-oss-120b, TP1: hidden 2880, 128 experts, top-4.
 
 Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard) -> bf16 [M, 2880],
-the weights from `prepare_weights(..., tp_rank=r)` (amd_kernels.moe.prepare, run once at load time);
+the weights from `prepare_weights(...)` (amd_kernels.moe.prepare, run once at load time);
 also torch.ops.amd_kernels.mxfp4_h2880_i2880_e128_top4_moe.
 """
 
@@ -10,9 +10,10 @@ from functools import partial
 from amd_kernels.moe import moe_entries, prepare
 from amd_kernels.moe.mxfp4_h2880_i2880_e128_top4 import kernel
 
-prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION, tp_size=kernel.TP)
+prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION, hidden=kernel.H,
+                          intermediate=kernel.I, experts=kernel.E, tp_size=kernel.TP)
 _built = moe_entries.build(__name__, "mxfp4_h2880_i2880_e128_top4", hidden=kernel.H, experts=kernel.E,
-                           top_k=kernel.TOP_K, activation=kernel.ACTIVATION, pipeline=kernel.PIPELINE,
+                           top_k=kernel.TOP_K, pipeline=kernel.PIPELINE, prepare_weights=prepare_weights,
                            tp_size=kernel.TP)
 VARIANTS = _built.VARIANTS
 moe = _built.moe

@@ -10,9 +10,10 @@ from functools import partial
 from amd_kernels.moe import moe_entries, prepare
 from amd_kernels.moe.mxfp4_h6144_i768_e128_top4 import kernel
 
-prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION)
+prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION, hidden=kernel.H,
+                          intermediate=kernel.I, experts=kernel.E)
 _built = moe_entries.build(__name__, "mxfp4_h6144_i768_e128_top4", hidden=kernel.H, experts=kernel.E,
-                           top_k=kernel.TOP_K, activation=kernel.ACTIVATION, pipeline=kernel.PIPELINE)
+                           top_k=kernel.TOP_K, pipeline=kernel.PIPELINE, prepare_weights=prepare_weights)
 VARIANTS = _built.VARIANTS
 moe = _built.moe
 prepare_inputs = _built.prepare_inputs

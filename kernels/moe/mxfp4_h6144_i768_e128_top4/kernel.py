@@ -1,8 +1,9 @@
 """MoE block for hidden 6144, intermediate 768, 128 experts, top-4, plain SwiGLU, no biases in the model
-(zero bias tensors in the prepared weights). Design: amd_kernels/moe/mxfp4_moe.py.
+(zero bias tensors in the prepared weights). Design: amd_kernels/moe/mxfp4_moe/.
 
 Variants: "moe.full" (gate-up: 4 waves of 12 K-steps per workgroup), and "moe.small_m" for M <= 2, where
-gate-up would launch < 256 workgroups: 6 waves of 8 K-steps each (576 waves at M = 1)."""
+gate-up would launch < 256 workgroups: 6 waves of 8 K-steps each (576 waves at M = 1). Both tiers sum K in
+the same grouping (chunks of 4 K-steps, groups of 3 chunks: batch invariance, mxfp4_moe/geometry.py)."""
 
 from amd_kernels.moe import mxfp4_moe
 

@@ -1,0 +1,29 @@
+"""The emulator's sampling hook (kernel.toml `workgroups = "tokens"`): which workgroups of each launch the
+sampled token rows need. Host-only; the emulator calls it, the kernels never do."""
+
+import torch
+
+from amd_kernels.moe.mxfp4_moe.geometry import ROWS
+
+
+def make(geo):
+    name, top_k = geo.name, geo.top_k
+    # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
+    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4)}
+
+    def emulator_workgroups(tokens, kernel, grid, pointers, read):
+        """The workgroups `tokens`' output rows need (None: all of them). quant and sort run whole; gate-up
+        and down run the tiles holding a pair of one of the tokens (read from the sort's result); combine
+        runs the tokens' rows."""
+        if kernel == f"{name}_combine":
+            return {(t, 0, 0) for t in tokens}
+        if kernel not in tile_launches:
+            return None
+        sp, mt = (pointers[i] for i in tile_launches[kernel])
+        n_tiles = min(int.from_bytes(read(mt, 4), "little"), grid[0])
+        pairs = torch.frombuffer(bytearray(read(sp, n_tiles * ROWS * 4)), dtype=torch.int32).reshape(-1, ROWS)
+        wanted = torch.tensor(sorted(tokens), dtype=torch.int32)
+        hit = ((pairs >= 0) & torch.isin(pairs // top_k, wanted)).any(dim=1)
+        return {(int(t), y, z) for t in hit.nonzero().flatten() for y in range(grid[1]) for z in range(grid[2])}
+
+    return emulator_workgroups
