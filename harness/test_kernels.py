@@ -242,22 +242,9 @@ def test_bad_input_names_the_argument(shape, monkeypatch):
         entry(**{**inputs, first: inputs[first].cpu()})
 
 
-# Known batch-variant packages, fixed elsewhere (issue 19). Strict on cancelling inputs, so the fix shows up
-# as XPASS (remove the entry then). On realistic inputs not strict: the MoE rounds its intermediate to MXFP8,
-# so a changed fp32 sum order rarely moves an output bit there and these cases may pass before the fix. (The
-# MoE reference has no build_cancelling yet: with one, the strict cases appear.)
-INVARIANCE_XFAIL = {
-    "moe/mxfp4_h2880_i360_e128_top4": "the TP8 MoE changes its gate-up K split between moe.small_m and moe.full",
-    "moe/mxfp4_h6144_i768_e128_top4": "the h6144 MoE changes its gate-up K split between moe.small_m and moe.full",
-}
-
-
 def _invariance_param(shape, cancelling):
-    marks = []
-    if shape.kernel in INVARIANCE_XFAIL:
-        marks.append(pytest.mark.xfail(reason=INVARIANCE_XFAIL[shape.kernel], strict=cancelling))
     kind = "cancelling" if cancelling else "realistic"
-    return pytest.param(shape, cancelling, id=f"{shape.id}:{kind}", marks=marks)
+    return pytest.param(shape, cancelling, id=f"{shape.id}:{kind}")
 
 
 # ops over a batch of sequences (Op.sub_batch) check it per sequence: test_sequence_invariance
@@ -277,7 +264,7 @@ def test_batch_invariance(shape, cancelling):
     assert failures == [], "\n".join(failures[:20])
 
 
-BOUNDED_SHAPES = [s for s in ENTRY_SHAPES.values() if not s.kernel.startswith("moe/mxfp4_")]  # (MoE: issue 19)
+BOUNDED_SHAPES = list(ENTRY_SHAPES.values())
 
 
 @pytest.mark.parametrize("shape", BOUNDED_SHAPES, ids=lambda s: s.id)

@@ -26,11 +26,11 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
 
     def outputs(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
         """The checks and the output, shared by the entry and its fake (host.custom_op)."""
+        if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] > pipeline.max_tokens:
+            raise ValueError(f"x: {x.shape[0]} tokens, more than this MoE's limit of {pipeline.max_tokens} per call "
+                             f"(its per-pair buffers would pass the 2 GiB its 32-bit offsets reach); split the batch")
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
         m = x.shape[0]
-        if m > pipeline.max_tokens:
-            raise ValueError(f"x: {m} tokens, more than this MoE's limit of {pipeline.max_tokens} per call (its "
-                             f"per-pair buffers would pass the 2 GiB its 32-bit offsets reach); split the batch")
         host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
         host.check_tensor("topk_ids", topk_ids, dtype=torch.int32, shape=(m, top_k), like=x)
         given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
@@ -72,5 +72,7 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         weights = cache[key][1]
         return {"x": inputs["x"], "topk_weights": inputs["topk_weights"], "topk_ids": inputs["topk_ids"], **weights}
 
-    return SimpleNamespace(VARIANTS=table, moe=host.custom_op(f"amd_kernels::{shape_token}_moe", moe, outputs),
+    op = host.custom_op(f"amd_kernels::{shape_token}_moe", moe, outputs)
+    op.max_tokens = pipeline.max_tokens
+    return SimpleNamespace(VARIANTS=table, moe=op,
                            prepare_inputs=prepare_inputs, emulator_workgroups=pipeline.emulator_workgroups)
