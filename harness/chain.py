@@ -3,8 +3,7 @@
 `load_layer(path, tp)` reads the chain; `run_layer(chain, ...)` runs it once on the kernels or on the
 references, every step taking the earlier steps' outputs as they are (the kernels get the prepared weights
 from the package's prepare hook, made once per weight set, and MXFP8 activations with their scales, the
-cache the previous decode step wrote, the residual stream). `decode_run` runs several decode steps of one
-layer, step s + 1's input being step s's (hidden, residual) and its cache.
+cache the previous decode step wrote, the residual stream).
 
 How emulator sampling composes across a chain: a later op reads what an earlier op wrote, so every step
 runs whole, except that the ops whose workgroups follow token rows (kernel.toml `workgroups = "tokens"`:
@@ -19,6 +18,7 @@ experts).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import tomllib
@@ -162,28 +162,53 @@ def real_rows_filter(pkg, real: int):
 
 def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, batch: dict, cache: dict,
               layer_idx: int, real: int | None = None, order_seed: int | None = None,
-              prepared: Prepared | None = None) -> dict:
+              prepared: Prepared | None = None, local: bool = False, upto: int | None = None,
+              around_step=None) -> dict:
     """One pass of the chain -> {"<step>.<output>": tensor}. backend "reference": the ops' references (the
     caller passes real rows only); "kernels": the package entries on the executing device, `cache` written
-    in place; on the emulator with workgroups in `order_seed` order, "tokens" packages on the real rows."""
-    steps = layer.first_steps if residual is None else layer.steps
+    in place; on the emulator with workgroups in `order_seed` order, "tokens" packages on the real rows.
+    local: also "local:<step>.<output>", the op's reference on the real rows of the kernel's own inputs
+    (and "local:<step>.<mutated argument>", e.g. the cache the reference wrote from the same bytes).
+    upto: run only the first `upto` steps (e.g. 1: the next layer's add + norm on this layer's outputs).
+    around_step(step): a context manager entered around each kernel call (e.g. to record its launches)."""
+    steps = (layer.first_steps if residual is None else layer.steps)[:upto]
     sources = {"in": {"hidden": hidden, "residual": residual}, "batch": batch, "cache": cache, "w": weights,
                "layer": layer_constants(layer, layer_idx), "model": layer.model}
     env = {}
     for st in steps:
         pkg, entry = _entry(st.kernel, st.entry)
         args = {a: _resolve(s, env, sources) for a, s in st.args.items()}
+        op = OPS[pkg.entries[st.entry]]
         if backend == "reference":
-            outs = OPS[pkg.entries[st.entry]].reference(**args)
+            outs = op.reference(**args)
         else:
+            local_args = _local_args(op, args, real) if local else None
             prepared = prepared if prepared is not None else Prepared()
-            outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed)
+            with (around_step(st) if around_step else contextlib.nullcontext()):
+                outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed)
+            if local:  # the op's reference on this kernel chain's own inputs (a kernel's error alone)
+                lo = op.reference(**local_args)
+                env.update({f"local:{st.name}.{o}": t for o, t in zip(st.outputs, lo)})
+                env.update({f"local:{st.name}.{m}": local_args[m] for m in op.mutates})
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         if len(outs) != len(st.outputs):
             raise ValueError(f"{st.name}: {len(outs)} outputs, the declaration names {st.outputs}")
         env.update({f"{st.name}.{o}": t for o, t in zip(st.outputs, outs)})
         env.update({f"{st.name}.{o}": _resolve(s, env, sources) for o, s in st.aliases.items()})
     return env
+
+
+def _local_args(op, args: dict, real: int) -> dict:
+    """CPU copies of a step's arguments for its reference: the op's token-row inputs cut to the real rows,
+    the arguments it mutates cloned before the kernel writes them."""
+    out = {}
+    for name, v in args.items():
+        if isinstance(v, torch.Tensor):
+            v = v.detach().cpu()
+            v = v[:real] if name in op.row_inputs else v
+            v = v.clone() if name in op.mutates else v
+        out[name] = v
+    return out
 
 
 def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
