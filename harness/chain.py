@@ -11,6 +11,8 @@ paged attention, MoE) run the workgroups of the real rows only (`real_rows_filte
 they skip are never read as data by a later step of the same layer (attention's padding rows have no keys
 and are only quantized and projected row by row; the MoE output is the layer's last op), and the next
 decode step refills its padding rows with garbage, as a server's padded batch holds whatever was there.
+(The paged attention's filter runs every KV head of a sequence only up to 8192 keys, its package's
+EMULATOR_ALL_HEADS_KEYS: chains keep their contexts below that so the O projection reads whole rows.)
 The "rows" / "tiles" kernels run every workgroup (a sampled run would leave rows the next op reads
 unwritten). So the cost of a chain is that of its real rows; the MoE dominates (each real row runs four
 experts).
@@ -224,6 +226,6 @@ def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
         return entry(**inputs)
 
 
-def padded(t: torch.Tensor, real: int, seed: int) -> torch.Tensor:
+def padded(t: torch.Tensor, real: int) -> torch.Tensor:
     """`t` with rows real.. refilled with garbage (what a padded batch holds), as a new tensor."""
     return checks.fill_padding({"t": t}, ("t",), real, True)["t"] if real < t.shape[0] else t.clone()

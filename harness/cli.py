@@ -138,15 +138,13 @@ def cmd_layer(args) -> int:
     rows = []
     for st in layer.steps:
         key = f"{st.kernel}.{st.entry}"
-        row = [st.name, key, f"{warm[key]:.2f}"]
-        for t in tokens:
+        for i, t in enumerate(tokens):
             recs = launched.get((t, st.name), [])
-            cell = " + ".join(r.kernel_name for r in recs) or "-"
-            if project:
-                cell += f" ({project(st.kernel, st.entry, t, recs) * 1e6:.1f} us)"
-            row.append(cell)
-        rows.append(row)
-    print(_table(["step", "entry", "warm-up s"] + [f"launches at {t} tokens" for t in tokens], rows))
+            names = " + ".join(f"{r.kernel_name}{list(r.grid)}" for r in recs) or "-"
+            projected = f"{project(st.kernel, st.entry, t, recs) * 1e6:.1f}" if project else "-"
+            rows.append([st.name if i == 0 else "", key if i == 0 else "", f"{warm[key]:.2f}" if i == 0 else "",
+                         t, names, projected])
+    print(_table(["step", "entry", "warm-up s", "tokens", "launches [grid]", "projected us"], rows))
     return 0
 
 
