@@ -1,0 +1,236 @@
+"""A whole gpt-oss-120b decoder layer (TP1, decode) on amd_kernels alone, against the layer reference.
+
+The chain is the regime's declaration ([[layer]] in regimes/gpt_oss_120b.toml, run by harness/chain.py).
+A decode run: LAYER_CONTEXTS real sequences at capture size LAYER_TOKENS (the rest graph padding with
+garbage rows), LAYER_STEPS steps, each writing the K/V the next attends to; each step's input is the next
+token's hidden states (and residual, past the first layer), the same for every chain. Per step and op, two
+cosines are printed (so a drift is located at once): "own-inputs", the kernel against its op's reference
+on the inputs the kernel chain gave it (asserted at the op's tolerance), and "chain", the kernel chain
+against the reference chain, each consuming its own outputs and its own cache; the layer output and the
+residual stream are asserted against the chain bounds below. Also per step: a second kernel chain (another
+workgroup order, its own cache) gives the same bytes, caches included; no FlyDSL compile after the layer's
+warm-up; and the next layer's residual add + norm on the layer's outputs. Emulator cost is the MoE's (each
+real row runs four experts, in two chains).
+
+  ./env.sh python3 -m pytest -q -s -p no:cacheprovider harness/test_layer.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+
+import pytest
+import torch
+
+from amd_kernels import compile_watch
+from harness import chain, checks
+from harness import device as devices
+from harness.toolchain import REPO
+from references import OPS, cosine
+from references import layer as ref_layer
+from references.norm import build_inputs as norm_inputs
+
+REGIME = REPO / "regimes" / "gpt_oss_120b.toml"
+LAYER_TOKENS = 4  # capture size
+LAYER_CONTEXTS = [62, 127, 1000]  # keys before step 0: a block end, the window's edge, a long window/full
+LAYER_STEPS = int(os.environ.get("AMD_KERNELS_LAYER_STEPS", "2"))
+# Each op must reach its own reference's tolerance on the inputs the kernel chain gave it ("own-inputs",
+# asserted). Against the reference chain, differences compound: an input one bf16 ulp off moves ~1-2% of
+# the MXFP8 codes a later quantization makes by one E4M3 step (the O projection's input, the MoE's input and
+# its intermediate), so the layer output drifts by 1 - cosine ~ 1e-4..3e-4 a step with every op within
+# tolerance; the chain bounds leave a few times that. The residual stream is a bf16 sum dominated by the
+# stream itself.
+LAYER_COSINE = 0.999
+RESIDUAL_COSINE = 0.99999
+
+
+def _weights_seed():
+    return checks.seed_of("layer-weights")
+
+
+def _to_dev(d: dict) -> dict:
+    return checks.to_device(d, devices.current().torch_device)
+
+
+def test_layer_declaration():
+    """The TP1 chain loads and checks (entries, arguments, sources) and calls the ops in vLLM's order."""
+    layer = chain.load_layer(REGIME, 1)
+    assert [s.kernel for s in layer.steps] == [
+        "norm/rmsnorm_h2880", "gemm/mxfp8_n5120_k2880", "attention/rope_kv_q64_kv8_d64",
+        "attention/paged_q64_kv8_d64", "quant/mxfp8_k4096", "gemm/mxfp8_n2880_k4096", "norm/rmsnorm_h2880",
+        "moe/route_h2880_e128_top4", "moe/mxfp4_h2880_i2880_e128_top4"]
+    assert layer.first_steps[0].entry == "rmsnorm_mxfp8" and layer.steps[0].entry == "fused_add_rmsnorm_mxfp8"
+    assert chain.layer_constants(layer, 0) == {"sliding_window": 128}
+    assert chain.layer_constants(layer, 1) == {"sliding_window": 0}
+    assert layer.phases == ("decode",)
+
+
+def test_bad_declaration_is_named():
+    import dataclasses
+
+    layer = chain.load_layer(REGIME, 1)
+    bad = list(layer.steps)
+    bad[1] = dataclasses.replace(bad[1], args={**bad[1].args, "x": "attn.out"})  # a later step's output
+    problems = chain.validate(dataclasses.replace(layer, steps=tuple(bad)))
+    assert any("qkv.x" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1])
+def test_declared_chain_is_the_layer_reference(layer_idx):
+    """The declaration run on the references gives references.layer.decoder_layer's bits (outputs, caches)."""
+    layer = chain.load_layer(REGIME, 1)
+    weights = ref_layer.build_layer_weights(_weights_seed())
+    run = ref_layer.build_decode_run(2, [5, 70], 1, seed=3)
+    batch = ref_layer.real_batch(run["batches"][0], 2)
+    residual = None if layer_idx == 0 else run["residual"]
+    caches = [{"key": run["key_cache"].clone(), "value": run["value_cache"].clone()} for _ in range(2)]
+    env = chain.run_layer(layer, backend="reference", hidden=run["hidden"], residual=residual, weights=weights,
+                          batch=batch, cache=caches[0], layer_idx=layer_idx)
+    out, res = ref_layer.decoder_layer(run["hidden"], residual, weights, batch, caches[1]["key"],
+                                       caches[1]["value"], layer_idx)
+    assert torch.equal(env[layer.outputs["hidden"]], out)
+    assert torch.equal(env[layer.outputs["residual"]], res)
+    for name in ("key", "value"):
+        assert torch.equal(caches[0][name].view(torch.uint8), caches[1][name].view(torch.uint8))
+
+
+def _step_inputs(run, s, layer_idx):
+    """(hidden, residual) entering the layer at step s, all rows, the same for every chain: step 0 the run's,
+    later steps the next token's (seeded); the first layer has no residual (its input is the embedding).
+    Steps are tied by the KV cache only, so a step's drift is its own chain's (the hidden states of the
+    next token come from the earlier layers, not from this layer's last output)."""
+    if s == 0:
+        hidden, residual = run["hidden"], run["residual"]
+    else:
+        x = norm_inputs(LAYER_TOKENS, {"hidden": ref_layer.HIDDEN, "eps": ref_layer.EPS},
+                        checks.seed_of("layer-step", s), with_residual=True)
+        hidden, residual = x["x"], x["residual"]
+    return hidden, (None if layer_idx == 0 else residual)
+
+
+@pytest.mark.parametrize("layer_idx", [0, 1], ids=["window_first_layer", "full"])
+def test_decode_chain(layer_idx):
+    layer = chain.load_layer(REGIME, 1)
+    dev = devices.current().torch_device
+    real = len(LAYER_CONTEXTS)
+    from amd_kernels.attention.paged_entries import EMULATOR_ALL_HEADS_KEYS
+
+    # the emulator's real-row filter runs every KV head only up to this length (harness/chain.py)
+    assert max(LAYER_CONTEXTS) + LAYER_STEPS <= EMULATOR_ALL_HEADS_KEYS
+    weights = ref_layer.build_layer_weights(_weights_seed())
+    run = ref_layer.build_decode_run(LAYER_TOKENS, LAYER_CONTEXTS, LAYER_STEPS, seed=checks.seed_of("layer-run"))
+    dev_weights = _to_dev(weights)
+    warm = {}
+    for st in (*layer.first_steps, *layer.steps):
+        start = time.perf_counter()
+        chain._entry(st.kernel, st.entry)[1].warm_up()
+        warm.setdefault(f"{st.kernel}:{st.entry}", time.perf_counter() - start)
+    prepared = chain.Prepared()
+    caches = [_to_dev({"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}) for _ in range(2)]
+    ref_cache = {"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}
+    kin = [None, None]  # the two kernel chains' (hidden, residual)
+    rin = None
+    failures = []
+    for s, batch in enumerate(run["batches"]):
+        envs = []
+        seconds = {}  # step -> seconds of the first kernel chain's call
+        with compile_watch.recording() as events:
+            for c in range(2):
+                hidden, residual = _step_inputs(run, s, layer_idx)
+                hidden = chain.padded(hidden, real)
+                residual = None if residual is None else chain.padded(residual, real)
+                envs.append(chain.run_layer(
+                    layer, backend="kernels", hidden=hidden.to(devices.current().torch_device),
+                    residual=None if residual is None else residual.to(devices.current().torch_device),
+                    weights=dev_weights, batch=_to_dev(batch), cache=caches[c], layer_idx=layer_idx, real=real,
+                    order_seed=None if c == 0 else checks.seed_of("layer-order", s), prepared=prepared,
+                    local=c == 0, around_step=functools.partial(_timed, seconds) if c == 0 else None))
+                kin[c] = (envs[c][layer.outputs["hidden"]].cpu(), envs[c][layer.outputs["residual"]].cpu())
+        assert compile_watch.serving_compiles(events) == []
+        hidden, residual = _step_inputs(run, s, layer_idx)
+        ref_env = chain.run_layer(layer, backend="reference", hidden=hidden[:real],
+                                  residual=None if residual is None else residual[:real], weights=weights,
+                                  batch=ref_layer.real_batch(batch, real), cache=ref_cache, layer_idx=layer_idx)
+        rin = (ref_env[layer.outputs["hidden"]], ref_env[layer.outputs["residual"]])
+
+        steps = layer.first_steps if layer_idx == 0 else layer.steps
+        print(f"\nlayer {layer_idx} (window {chain.layer_constants(layer, layer_idx)['sliding_window']}) "
+              f"decode step {s}: {real} real rows of {LAYER_TOKENS}, contexts {[c + s for c in LAYER_CONTEXTS]}")
+        for st in steps:
+            for o in st.outputs:
+                key = f"{st.name}.{o}"
+                a, b = envs[0][key].detach().cpu()[:real], envs[1][key].detach().cpu()[:real]
+                same = checks.same_rows(a, b, torch.ones(real, dtype=torch.bool))
+                if not same:
+                    failures.append(f"step {s} {key}: two kernel chains differ")
+            got = _step_floats(st, envs[0], real, "")
+            local = _step_floats(st, envs[0], None, "local:")
+            want = _step_floats(st, ref_env, None, "")
+            op = OPS[chain.discovery.discover()[st.kernel].entries[st.entry]]
+            for name in got:
+                lc, cc = cosine(got[name], local[name]), cosine(got[name], want[name])
+                print(f"  {st.name:10s} {name:14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}"
+                      f"  ({seconds[st.name]:.1f} s)")
+                if not lc >= op.cosine_min:
+                    failures.append(f"step {s} {st.name}.{name}: cosine {lc:.7f} on its own inputs < {op.cosine_min}")
+            for m in op.mutates:  # the cache slots this step wrote, against the reference's writes
+                name = {"key_cache": "key", "value_cache": "value"}[m]
+                live = batch["slot_mapping"][:real]
+                g = _slots(caches[0][name].cpu(), live)
+                lc = cosine(g, _slots(envs[0][f"local:{st.name}.{m}"], live))
+                cc = cosine(g, _slots(ref_cache[name], live))
+                print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}")
+                if not lc >= op.cosine_min:
+                    failures.append(f"step {s} cache.{name}: written slots cosine {lc:.7f} < {op.cosine_min}")
+        for name in ("key", "value"):
+            if not torch.equal(caches[0][name].cpu().view(torch.uint8), caches[1][name].cpu().view(torch.uint8)):
+                failures.append(f"step {s} cache.{name}: two kernel chains differ")
+        # the next layer's residual add (+ RMSNorm to MXFP8) on this layer's outputs, in both chains
+        nxt = layer.steps[0]
+        next_op = OPS[chain.discovery.discover()[nxt.kernel].entries[nxt.entry]]
+        k_next = chain.run_layer(layer, backend="kernels", hidden=chain.padded(kin[0][0], real).to(dev),
+                                 residual=chain.padded(kin[0][1], real).to(dev), weights=dev_weights, batch={},
+                                 cache={}, layer_idx=layer_idx + 1, real=real, prepared=prepared, local=True, upto=1)
+        r_next = chain.run_layer(layer, backend="reference", hidden=rin[0], residual=rin[1], weights=weights,
+                                 batch={}, cache={}, layer_idx=layer_idx + 1, upto=1)
+        got, local, want = (_step_floats(nxt, k_next, real, ""), _step_floats(nxt, k_next, None, "local:"),
+                            _step_floats(nxt, r_next, None, ""))
+        for name in got:
+            lc, cc = cosine(got[name], local[name]), cosine(got[name], want[name])
+            print(f"  {'next norm':10s} {name:14s} own-inputs {lc:.7f} (>= {next_op.cosine_min})  chain {cc:.7f}")
+            if not lc >= next_op.cosine_min:
+                failures.append(f"step {s} next layer's {nxt.name}.{name}: cosine {lc:.7f} on its own inputs")
+        out_c = cosine(kin[0][0][:real].float(), rin[0].float())
+        res_c = cosine(kin[0][1][:real].float(), rin[1].float())
+        print(f"  layer output cosine {out_c:.7f} (>= {LAYER_COSINE}), residual {res_c:.7f} (>= {RESIDUAL_COSINE})")
+        if not out_c >= LAYER_COSINE:
+            failures.append(f"step {s}: layer output cosine {out_c:.7f} < {LAYER_COSINE}")
+        if not res_c >= RESIDUAL_COSINE:
+            failures.append(f"step {s}: residual cosine {res_c:.7f} < {RESIDUAL_COSINE}")
+    print("warm-up s: " + ", ".join(f"{k} {v:.2f}" for k, v in warm.items()))
+    assert failures == []
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict, step):
+    start = time.perf_counter()
+    yield
+    seconds[step.name] = time.perf_counter() - start
+
+
+def _slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return cache.view(-1, ref_layer.KV_HEADS, ref_layer.HEAD_DIM)[slots].float()
+
+
+def _step_floats(st, env: dict, real: int | None, prefix: str) -> dict:
+    """A step's compared results as fp32 (the op's to_float: MXFP8 dequantized, routing dense), plus the
+    outputs to_float does not cover (the fused norms' residual)."""
+    op = OPS[chain.discovery.discover()[st.kernel].entries[st.entry]]
+    outs = tuple(env[f"{prefix}{st.name}.{o}"].detach().cpu()[slice(None, real)] for o in st.outputs)
+    floats = dict(zip(op.result_names, op.to_float(outs)))
+    if "residual" in st.outputs and "residual" not in floats:
+        floats["residual"] = env[f"{prefix}{st.name}.residual"].detach().cpu()[slice(None, real)].float()
+    return floats
