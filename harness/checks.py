@@ -338,18 +338,19 @@ def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sam
 # A row's output bits must not depend on the rest of the batch: the same row alone (M = 1), among other rows,
 # at the start or at the end of the batch, at every token count that crosses a tier boundary. The counts
 # straddle every tier edge the packages use (16/17, 24/25, 32/33, 48/49, 64/65, 72/73, 128/129, 256/257,
-# 512/513) and reach the largest prefill. "tokens" packages (the MoE) stop at 520: their prefill runs the
-# same kernels as 513 with more tiles.
+# 512/513) and reach the largest prefill.
 INVARIANCE_COUNTS = (1, 2, 3, 5, 6, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65, 72, 73, 128, 129, 256, 257, 512, 513,
                      1024, 2048, 8192)
-INVARIANCE_TOKENS_MAX = {"tokens": 520}
+# "tokens" packages (the MoE: seconds per emulated call, one tier edge) take the counts around their own
+# edge, small_m | full (2|3 at h6144, 5|6 at TP8), and a few beyond; CI time, not coverage, sets the list.
+INVARIANCE_TOKENS_COUNTS = (1, 2, 3, 5, 6, 17, 64, 128)
 INVARIANCE_PROBES = 2  # probe rows, placed at the start and again at the end of each batch
 INVARIANCE_FILLER = 29  # other rows (cycled to fill the batch)
 
 
 def invariance_counts(package, max_tokens: int) -> list[int]:
-    cap = min(max_tokens, INVARIANCE_TOKENS_MAX.get(package.workgroups, max_tokens))
-    return [m for m in INVARIANCE_COUNTS if m <= cap]
+    counts = INVARIANCE_TOKENS_COUNTS if package.workgroups == "tokens" else INVARIANCE_COUNTS
+    return [m for m in counts if m <= max_tokens]
 
 
 def _token_workgroups(package, positions: frozenset, tokens: int):
