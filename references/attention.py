@@ -65,7 +65,8 @@ rope_kv_write(qkv, positions, cos_sin_cache, slot_mapping, key_cache, value_cach
   token's q and cache writes depend only on its own row (batch invariant; graph-padding rows harmless).
 
 paged attention (op 2, the other half of this module) reads the same cache layout, heads, scale and
-dequantization rule.
+dequantization rule: paged_attention on the bf16 tier, paged_attention_fp8 (k_scale, v_scale appended) on
+the fp8 tier.
 """
 
 from __future__ import annotations
@@ -338,6 +339,39 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     other sequences of the batch: its split over keys depends only on its own length).
 
     Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, None, None)
+
+
+def paged_attention_fp8(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                        sinks: torch.Tensor, sliding_window: int, k_scale: torch.Tensor, v_scale: torch.Tensor
+                        ) -> tuple[torch.Tensor]:
+    """paged_attention over the fp8 tier of the KV cache -> (out bf16 [T, Hq, 64],).
+
+    key_cache / value_cache float8_e4m3fn [num_blocks, 64, Hkv, 64] (what rope_kv_write_fp8 writes), k_scale /
+    v_scale fp32 [1] (per tensor, vLLM's layer._k_scale / _v_scale); every other argument as paged_attention.
+    - Dequantization (the contract's rule, module docstring): key = code * k_scale, value = code * v_scale.
+      This reference computes it exactly (fp64) and then the same attention as paged_attention.
+    - Where the kernels round: each E4M3 code converts to bf16 exactly (every E4M3 value, NaN included, is a
+      bf16 value), so Q K^T runs on the codes with bf16 products accumulated in fp32 (MFMA), and the scale is
+      applied to the fp32 score: s = (q . code_k) * (k_scale * 64**-0.5 * log2 e), that constant one fp32
+      product. P is rounded to bf16 and multiplies the V codes (bf16 MFMA, fp32 accumulate); the fp32 O is
+      multiplied by v_scale in fp32 before the final division (one split) or before it is written as a
+      split partial (the merge is the bf16 tier's). No other rounding than paged_attention's.
+    - Tolerance: cosine >= 0.9995 against this reference (as paged_attention: the fp8 codes are inputs here,
+      so their quantization error is not part of the comparison), bitwise deterministic, batch invariant.
+    - A NaN code or a saturated +-448 in a slot no query reads must never reach an output (the input builder
+      puts them there)."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, k_scale, v_scale)
+
+
+def _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                     k_scale, v_scale) -> tuple[torch.Tensor]:
+    """The fp64 computation of both tiers: k_scale / v_scale None for bf16 caches, else the dequant factors."""
+    ks = 1.0 if k_scale is None else float(k_scale.double().reshape(()))
+    vs = 1.0 if v_scale is None else float(v_scale.double().reshape(()))
     T, Hq, D = q.shape
     Hkv = key_cache.shape[2]
     G = Hq // Hkv
@@ -362,8 +396,8 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
         k_all = key_cache[blocks].reshape(-1, Hkv, D)[start:start + span]
         v_all = value_cache[blocks].reshape(-1, Hkv, D)[start:start + span]
         for h in range(Hkv):
-            k = k_all[:, h].to(torch.float64)
-            v = v_all[:, h].to(torch.float64)
+            k = k_all[:, h].to(torch.float64) * ks
+            v = v_all[:, h].to(torch.float64) * vs
             for c0 in range(0, ql, _QUERY_CHUNK):
                 c1 = min(ql, c0 + _QUERY_CHUNK)
                 qpos = torch.arange(L - ql + c0, L - ql + c1)
@@ -473,6 +507,25 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
             "sinks": sinks, "sliding_window": window}
 
 
+# fp8 tier scales: not powers of two, so a kernel that drops or misplaces one fails; N(0, 1) values beyond
+# 4.5 (k) / 4 (v) saturate to +-448.
+FP8_K_SCALE = 4.5 / FP8_MAX
+FP8_V_SCALE = 4.0 / FP8_MAX
+
+
+def build_paged_attention_fp8_inputs(tokens: int, dims: dict, seed: int, **kw) -> dict:
+    """build_paged_attention_inputs with the cache on the fp8 tier: every slot (values and garbage alike)
+    becomes e4m3(x / scale) (`quantize_fp8`: garbage NaN stays the NaN code, +-65504 and the noise saturate to
+    +-448), k_scale = 4.5 / 448 and v_scale = 4 / 448 fp32 [1]."""
+    inputs = build_paged_attention_inputs(tokens, dims, seed, **kw)
+    k_scale = torch.tensor([FP8_K_SCALE], dtype=torch.float32)
+    v_scale = torch.tensor([FP8_V_SCALE], dtype=torch.float32)
+    inputs["key_cache"] = quantize_fp8(inputs["key_cache"], k_scale)
+    inputs["value_cache"] = quantize_fp8(inputs["value_cache"], v_scale)
+    inputs.update(k_scale=k_scale, v_scale=v_scale)
+    return inputs
+
+
 def pad_paged_attention(inputs: dict, real: int) -> dict:
     """A decode batch run at a larger capture size, as vLLM pads it: sequences real.. become padding
     (q_len 0, seq_len 0; cu_seqlens_q repeats its last value) and query rows real.. belong to no one."""
@@ -505,6 +558,9 @@ def sub_batch_paged_attention(inputs: dict, rows: list[int]) -> tuple[dict, list
 
 OPS = OPS + (
     Op("paged_attention", paged_attention, build_paged_attention_inputs,
+       lambda outputs: (outputs[0].float(),), ("out",), PAGED_COSINE_MIN, ("q",),
+       pad_inputs=pad_paged_attention, sub_batch=sub_batch_paged_attention),
+    Op("paged_attention_fp8", paged_attention_fp8, build_paged_attention_fp8_inputs,
        lambda outputs: (outputs[0].float(),), ("out",), PAGED_COSINE_MIN, ("q",),
        pad_inputs=pad_paged_attention, sub_batch=sub_batch_paged_attention),
 )
