@@ -13,13 +13,18 @@ from amd_kernels import host, warm_up
 from amd_kernels.attention import paged_decode as kd
 
 WINDOWS = {"full": 0, "window": 128}  # variant key -> sliding_window it serves (gpt-oss: 128 or none)
+FP8 = "_fp8"  # variant key suffix of the fp8 KV tier
 CHECK_VALUES_ENV = "AMD_KERNELS_CHECK_VALUES"
 # The emulator's sampled runs give every KV head to a sampled sequence up to this many keys, one above it.
 EMULATOR_ALL_HEADS_KEYS = 8192
 
 
 def variants(kv_heads: int, max_splits: int, min_split_blocks: int) -> dict:
-    return {key: kd.build(kv_heads, w, max_splits, min_split_blocks) for key, w in WINDOWS.items()}
+    table = {key: kd.build(kv_heads, w, max_splits, min_split_blocks) for key, w in WINDOWS.items()}
+    # the fp8 e4m3 KV tier (entry paged_attention_fp8): "<window key>_fp8"
+    table.update({key + FP8: kd.build(kv_heads, w, max_splits, min_split_blocks, fp8=True)
+                  for key, w in WINDOWS.items()})
+    return table
 
 
 def _check_values(cu: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, num_blocks: int) -> None:
@@ -56,14 +61,15 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     # i32 byte offsets into q / out [T, Hq, D] bf16 and the split partials [T, Hkv, max_splits, GROUP, D] fp32
     max_tokens = min(host.max_tokens_for(Hq * D * 2), host.max_tokens_for(Hkv * max_splits * kd.GROUP * D * 4))
 
-    def outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window):
+    def outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                cache_dtype=torch.bfloat16):
         """The checks and the output, shared by the entry and its fake (host.custom_op). The value checks
         that read device data (block ids, lengths) run only where they cost no device sync."""
         host.check_tokens("q", q, max_tokens)
         host.check_tensor("q", q, dtype=torch.bfloat16, shape=(None, Hq, D))
         T = q.shape[0]
-        host.check_tensor("key_cache", key_cache, dtype=torch.bfloat16, shape=(None, kd.BLOCK, Hkv, D), like=q)
-        host.check_tensor("value_cache", value_cache, dtype=torch.bfloat16, shape=tuple(key_cache.shape), like=q)
+        host.check_tensor("key_cache", key_cache, dtype=cache_dtype, shape=(None, kd.BLOCK, Hkv, D), like=q)
+        host.check_tensor("value_cache", value_cache, dtype=cache_dtype, shape=tuple(key_cache.shape), like=q)
         # decode tier: one query row per sequence (vLLM's uniform decode batch, padded to a capture size)
         host.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, shape=(T + 1,), like=q,
                           hint="the decode tier takes one query row per sequence")
@@ -81,29 +87,54 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
             _check_values(cu_seqlens_q, seq_lens, block_table, key_cache.shape[0])
         return torch.empty((T, Hq, D), dtype=torch.bfloat16, device=q.device)
 
-    @warm_up.entry(table, modes, mode_of)
-    def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                        sinks: torch.Tensor, sliding_window: int) -> torch.Tensor:
-        out = outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window)
+    def launch(key, q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, scales, out,
+               sliding_window):
         T = q.shape[0]
         if T:
-            key = next(k for k, w in WINDOWS.items() if w == sliding_window)
             splits = 1 if sliding_window else max_splits
             # window layers never split: a one-element stand-in of the same rank
             part_o = torch.empty(kd.part_o_shape(T, Hkv, splits) if not sliding_window else (1,) * 5,
                                  dtype=torch.float32, device=q.device)
             part_ml = torch.empty(kd.part_ml_shape(T, Hkv, splits) if not sliding_window else (1,) * 5,
                                   dtype=torch.float32, device=q.device)
-            table[key](q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out, part_o,
+            table[key](q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, *scales, out, part_o,
                        part_ml, T, block_table.shape[1], key_cache.shape[0], host.stream_of(q))
         return out
+
+    @warm_up.entry(table, modes, mode_of)
+    def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                        sinks: torch.Tensor, sliding_window: int) -> torch.Tensor:
+        out = outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window)
+        key = next(k for k, w in WINDOWS.items() if w == sliding_window)
+        return launch(key, q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, (), out,
+                      sliding_window)
+
+    # ---- the fp8 e4m3 KV tier: the same kernels reading E4M3 codes (paged_decode.py), scales per tensor
+    def outputs_fp8(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                    k_scale, v_scale):
+        out = outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                      torch.float8_e4m3fn)
+        host.check_tensor("k_scale", k_scale, dtype=torch.float32, shape=(1,), like=q)
+        host.check_tensor("v_scale", v_scale, dtype=torch.float32, shape=(1,), like=q)
+        return out
+
+    @warm_up.entry(table, {"decode": [k + FP8 for k in WINDOWS]}, mode_of)
+    def paged_attention_fp8(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                            sinks: torch.Tensor, sliding_window: int, k_scale: torch.Tensor,
+                            v_scale: torch.Tensor) -> torch.Tensor:
+        out = outputs_fp8(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                          k_scale, v_scale)
+        key = next(k for k, w in WINDOWS.items() if w == sliding_window) + FP8
+        return launch(key, q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                      (k_scale, v_scale), out, sliding_window)
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """The workgroups the sampled query rows `tokens` need: their sequences' splits, in every KV head for
         sequences up to EMULATOR_ALL_HEADS_KEYS keys and in one (seeded by the sequence) above."""
         main = not kernel.endswith("_merge")
-        cu_ptr, lens_ptr = (pointers[3], pointers[4]) if main else (pointers[0], pointers[1])
+        cu_ptr, lens_ptr = (pointers[3], pointers[4]) if main else (pointers[0], pointers[1])  # both tiers
         batch = grid[2] if main else grid[1]
         cu = torch.frombuffer(bytearray(read(cu_ptr, (batch + 1) * 4)), dtype=torch.int32).tolist()
         lens = torch.frombuffer(bytearray(read(lens_ptr, batch * 4)), dtype=torch.int32).tolist()
@@ -120,5 +151,7 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         return chosen
 
     op = host.custom_op(f"amd_kernels::{shape_token}_paged_attention", paged_attention, outputs)
-    op.max_tokens = max_tokens
-    return SimpleNamespace(VARIANTS=table, paged_attention=op, emulator_workgroups=emulator_workgroups)
+    op_fp8 = host.custom_op(f"amd_kernels::{shape_token}_paged_attention_fp8", paged_attention_fp8, outputs_fp8)
+    op.max_tokens = op_fp8.max_tokens = max_tokens
+    return SimpleNamespace(VARIANTS=table, paged_attention=op, paged_attention_fp8=op_fp8,
+                           emulator_workgroups=emulator_workgroups)
