@@ -49,3 +49,23 @@ def test_split_depends_only_on_the_length():
         spb, n = kd.splits_of(keys, 32, 8)
         assert spb >= 8 and n <= 32 and (n - 1) * spb * 64 < keys <= n * spb * 64
     assert torch.tensor([kd.splits_of(131072, 32, 8)[1], kd.splits_of(8192, 32, 8)[1]]).tolist() == [32, 16]
+
+
+@pytest.mark.skipif(not devices.current().emulated, reason="runs the kernels in the emulator")
+def test_partials_workspace_is_reused_and_chunks_keep_the_bits():
+    """The split partials live in one workspace per device (a stable pointer for graph capture); a batch above
+    its size runs in chunks of sequences with the same output bits as one launch."""
+    from amd_kernels.attention import paged_entries
+    from amd_kernels.attention import paged_q8_kv1_d64 as package
+    from amd_kernels.attention.paged_q8_kv1_d64 import kernel
+
+    small = paged_entries.build(package.__name__, "paged_q8_kv1_d64_chunk_test", kernel.KV_HEADS, kernel.MAX_SPLITS,
+                                kernel.MIN_SPLIT_BLOCKS, kernel.VARIANTS, workspace_sequences=2)
+    inputs = checks.to_device(attention.build_paged_attention_inputs(5, DIMS, 1), "cpu")  # 1000 keys: 2 splits
+    whole = package.paged_attention(**inputs)
+    chunked = small.paged_attention(**inputs)
+    assert torch.equal(whole, chunked)
+    first = small.workspace(inputs["q"].device, 2)[0].data_ptr()
+    small.paged_attention(**inputs)
+    assert small.workspace(inputs["q"].device, 1)[0].data_ptr() == first
+    assert small.workspace_bytes == 2 * 1 * kernel.MAX_SPLITS * 8 * (64 + 2) * 4

@@ -17,6 +17,10 @@ FP8 = "_fp8"  # variant key suffix of the fp8 KV tier
 CHECK_VALUES_ENV = "AMD_KERNELS_CHECK_VALUES"
 # The emulator's sampled runs give every KV head to a sampled sequence up to this many keys, one above it.
 EMULATOR_ALL_HEADS_KEYS = 8192
+# The split partials live in one workspace per device and package, sized for this many sequences (vLLM's
+# largest default CUDA-graph capture size): graph capture sees the same pointers every call. Larger batches
+# run in chunks of this many sequences (each sequence's bits are the same either way).
+WORKSPACE_SEQUENCES = 512
 
 
 def variants(kv_heads: int, max_splits: int, min_split_blocks: int) -> dict:
@@ -48,7 +52,7 @@ def _check_values(cu: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, num
 
 
 def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_split_blocks: int,
-          kernel_variants: dict) -> SimpleNamespace:
+          kernel_variants: dict, workspace_sequences: int = WORKSPACE_SEQUENCES) -> SimpleNamespace:
     Hkv = kv_heads
     Hq = Hkv * kd.GROUP
     D = kd.HEAD_DIM
@@ -58,8 +62,23 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     def mode_of(*args, **kwargs) -> str:
         return "decode"
 
-    # i32 byte offsets into q / out [T, Hq, D] bf16 and the split partials [T, Hkv, max_splits, GROUP, D] fp32
-    max_tokens = min(host.max_tokens_for(Hq * D * 2), host.max_tokens_for(Hkv * max_splits * kd.GROUP * D * 4))
+    # i32 byte offsets into q / out [T, Hq, D] bf16 (the partials are addressed per chunk of sequences)
+    max_tokens = host.max_tokens_for(Hq * D * 2)
+    chunk = workspace_sequences
+    part_o_elems = chunk * Hkv * max_splits * kd.GROUP * D
+    part_ml_elems = chunk * Hkv * max_splits * kd.GROUP * 2
+    workspaces = {}  # device -> fp32 [part_o_elems + part_ml_elems]
+
+    def workspace(device: torch.device, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(part_o, part_ml) views for `sequences` <= chunk, in the device's workspace: allocated
+        by the first call on the device (make it before CUDA-graph capture, as vLLM's warm-up run does), then
+        reused. Calls on one device share it, so they must run in stream order (one stream at a time)."""
+        ws = workspaces.get(device)
+        if ws is None:
+            ws = workspaces[device] = torch.empty(part_o_elems + part_ml_elems, dtype=torch.float32, device=device)
+        part_o = ws[:part_o_elems].view(kd.part_o_shape(chunk, Hkv, max_splits))[:sequences]
+        part_ml = ws[part_o_elems:].view(kd.part_ml_shape(chunk, Hkv, max_splits))[:sequences]
+        return part_o, part_ml
 
     def outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
                 cache_dtype=torch.bfloat16):
@@ -90,15 +109,15 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     def launch(key, q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, scales, out,
                sliding_window):
         T = q.shape[0]
-        if T:
-            splits = 1 if sliding_window else max_splits
-            # window layers never split: a one-element stand-in of the same rank
-            part_o = torch.empty(kd.part_o_shape(T, Hkv, splits) if not sliding_window else (1,) * 5,
-                                 dtype=torch.float32, device=q.device)
-            part_ml = torch.empty(kd.part_ml_shape(T, Hkv, splits) if not sliding_window else (1,) * 5,
-                                  dtype=torch.float32, device=q.device)
-            table[key](q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, *scales, out, part_o,
-                       part_ml, T, block_table.shape[1], key_cache.shape[0], host.stream_of(q))
+        # Chunks of `chunk` sequences: the kernels index sequences from the views' starts and read
+        # q / write out at the absolute rows cu_seqlens_q names. Window layers never split (the partials
+        # stay unused).
+        for b0 in range(0, T, chunk):
+            n = min(T - b0, chunk)
+            part_o, part_ml = workspace(q.device, n)
+            table[key](q, key_cache, value_cache, cu_seqlens_q[b0:b0 + n + 1], seq_lens[b0:b0 + n],
+                       block_table[b0:b0 + n], sinks, *scales, out, part_o, part_ml, n, block_table.shape[1],
+                       key_cache.shape[0], host.stream_of(q))
         return out
 
     @warm_up.entry(table, modes, mode_of)
@@ -154,4 +173,5 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     op_fp8 = host.custom_op(f"amd_kernels::{shape_token}_paged_attention_fp8", paged_attention_fp8, outputs_fp8)
     op.max_tokens = op_fp8.max_tokens = max_tokens
     return SimpleNamespace(VARIANTS=table, paged_attention=op, paged_attention_fp8=op_fp8,
-                           emulator_workgroups=emulator_workgroups)
+                           emulator_workgroups=emulator_workgroups, workspace=workspace,
+                           workspace_bytes=(part_o_elems + part_ml_elems) * 4)
