@@ -1,5 +1,5 @@
-"""Paged decode attention with sinks and an optional sliding window, bf16 KV cache, head_dim 64, 8 query
-heads per KV head (gpt-oss at TP1 and TP8). Contract: references/attention.py (paged_attention).
+"""Paged decode attention with sinks and an optional sliding window, bf16 or fp8 e4m3 KV cache, head_dim 64,
+8 query heads per KV head (gpt-oss at TP1 and TP8). Contract: references/attention.py (paged_attention).
 
 Decode tier: every sequence has q_len 1 (padding sequences q_len 0). Grid (split, KV head, sequence); one
 wave per workgroup computes the 8 query heads of its KV head over the keys of its split, so each K/V byte is
@@ -23,6 +23,20 @@ Per 64-key cache block (MFMA v_mfma_f32_16x16x32_bf16, see amd_kernels.common.mf
   share); V goes through LDS (row-major, 128 bytes a key) and comes back transposed by ds_read_b64_tr_b16
   in that same key order.
 The sink: split 0 starts its running max at the sink logit and adds exp(sink - m) to the sum once.
+
+fp8 e4m3 KV tier (build(..., fp8=True); contract references/attention.py paged_attention_fp8): the same
+kernels on E4M3 codes. Each code is converted to bf16 with v_cvt_scalef32_pk_bf16_fp8 at scale 1.0, which is
+exact (every E4M3 value is a bf16 value; the emulator's rule for it is checked in
+harness/emulator/tests/test_numerics.py), and the bf16 MFMA path above runs unchanged:
+- K: one 16-byte load per lane and key tile (dims 16 g .. 16 g + 15), converted to the two 8-dim operands
+  of the two K steps; the query operand is loaded in that same dim order (dims 16 g .., then 16 g + 8 ..).
+- V: 16-byte loads (16 dims of a key), converted and stored to LDS as the bf16 tier's row-major tile, so
+  the transposed reads (ds_read_b64_tr_b16) and P V are the bf16 tier's.
+- k_scale is folded into the score factor (k_scale * 64**-0.5 * log2 e, one fp32 product) and v_scale
+  multiplies the fp32 O before the output or the split partial is written.
+It deliberately does not use ds_read_b64_tr_b8 / tr_b4 (transposed fp8 reads): their emulator rules are not
+yet settled by instruction tests and upstream flash_attn_fp8_gfx950 matching torch (issue 12). The cost:
+fp8 bytes are read from HBM, but V goes through LDS as bf16 and the MFMAs are bf16 ones.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
