@@ -33,12 +33,18 @@ def _broken(inputs: dict):
 def test_value_checks_name_the_argument():
     from amd_kernels.attention import paged_q8_kv1_d64 as package
 
-    inputs = checks.to_device(attention.build_paged_attention_inputs(4, DIMS, 0), "cpu")
-    for name, broken in _broken(inputs):
-        with pytest.raises(ValueError, match=f"^{name}: "):
-            package.paged_attention(**broken)
-    with pytest.raises(ValueError, match="^sliding_window: "):
-        package.paged_attention(**{**inputs, "sliding_window": 64})
+    for build, entry in ((attention.build_paged_attention_inputs, package.paged_attention),
+                         (attention.build_paged_attention_fp8_inputs, package.paged_attention_fp8)):
+        inputs = checks.to_device(build(4, DIMS, 0), "cpu")
+        for name, broken in _broken(inputs):
+            with pytest.raises(ValueError, match=f"^{name}: "):
+                entry(**broken)
+        with pytest.raises(ValueError, match="^sliding_window: "):
+            entry(**{**inputs, "sliding_window": 64})
+    with pytest.raises(TypeError, match="^k_scale: "):
+        package.paged_attention_fp8(**{**inputs, "k_scale": inputs["k_scale"].double()})
+    with pytest.raises(TypeError, match="^key_cache: "):  # a bf16 cache handed to the fp8 tier
+        package.paged_attention_fp8(**{**inputs, "key_cache": inputs["key_cache"].to(torch.bfloat16)})
 
 
 def test_split_depends_only_on_the_length():

@@ -11,12 +11,13 @@ BLOCK = 64
 MFMA_MACS = 16 * 16 * 32
 
 
-def paged_decode_cost(batch: int, dims: dict) -> Cost:
+def paged_decode_cost(batch: int, dims: dict, kv_bytes: int = 2) -> Cost:
+    """kv_bytes: bytes per cached element (2: bf16 tier; 1: fp8 tier, which also reads k_scale and v_scale)."""
     hq, hkv = int(dims["query_heads"]), int(dims["kv_heads"])
     window = int(dims.get("sliding_window", 0))
     (length,) = set(int(n) for n in dims["context_lengths"])  # a uniform batch
     keys = min(length, window) if window else length
-    kv = batch * keys * hkv * HEAD_DIM * 2 * 2
+    kv = batch * keys * hkv * HEAD_DIM * 2 * kv_bytes + (8 if kv_bytes == 1 else 0)
     qo = 2 * batch * hq * HEAD_DIM * 2
     meta = (batch + 1) * 4 + batch * 4 + batch * -(-keys // BLOCK) * 4 + hq * 4
     macs = 2 * batch * hq * keys * HEAD_DIM  # Q K^T and P V
