@@ -77,7 +77,8 @@ def test_regimes_and_declarations_agree():
 
 
 # A kernel too slow to emulate at every token count lists the ones the emulator checks by default in its
-# kernel.toml ([emulator] token_counts, or per op [emulator.op_token_counts]); AMD_KERNELS_FULL=1 checks every count. A GPU always checks all.
+# kernel.toml ([emulator] token_counts, or per op [emulator.op_token_counts]); AMD_KERNELS_FULL=1 checks every
+# count. A GPU always checks all.
 FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 
 

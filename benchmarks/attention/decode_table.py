@@ -4,7 +4,8 @@ keys, full and window layers, TP1 and TP8, against the minimum and the floor (mi
     ./env.sh python3 -m benchmarks.attention.decode_table [--shapes paged_q64_kv8_d64,paged_q8_kv1_d64]
         [--lengths 1024,8192,32768,131072] [--batches 1,8,64,256] [--windows 0,128] [--fp8] [--json FILE]
     ./env.sh python3 -m benchmarks.attention.decode_table --check 8 --shapes paged_q8_kv1_d64 --lengths 1024
-    ./env.sh python3 -m benchmarks.attention.decode_table --check 1 --one-head-from 1024 --shapes paged_q64_kv8_d64 --lengths 1024
+    ./env.sh python3 -m benchmarks.attention.decode_table --check 1 --one-head-from 1024 --shapes paged_q64_kv8_d64 \
+        --lengths 1024 --windows 0
 
 How the big batches are derived (the emulator cannot run them whole: 256 x 131072 keys is 64 GiB of bf16
 cache at TP1, and hours of emulation). Every sequence of a case has the same length, so its workgroups do
@@ -128,8 +129,9 @@ def main(argv=None) -> None:
                            "working_workgroups": working_workgroups(shape, batch, keys, window)}
                     out.append(row)
                     layer = f"window {window}" if window else "full"
-                    print(f"{shape} {layer:10s} {keys:6d} keys {batch:3d} seq: issued "
-                          f"{d['bytes_issued'] / cost.min_bytes:.3f}x  distinct {d['bytes_distinct'] / cost.min_bytes:.3f}x"
+                    issued, distinct = d["bytes_issued"] / cost.min_bytes, d["bytes_distinct"] / cost.min_bytes
+                    print(f"{shape} {layer:10s} {keys:6d} keys {batch:3d} seq: issued {issued:.3f}x"
+                          f"  distinct {distinct:.3f}x"
                           f"  workgroups {row['working_workgroups']}  min {cost.min_bytes}  floor {floor:.2f} us",
                           flush=True)
                 if args.check:
