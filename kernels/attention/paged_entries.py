@@ -1,5 +1,10 @@
-"""Host code shared by the attention/paged_q<Hq>_kv<Hkv>_d64 packages: argument checks, the decode tier,
-the custom op torch.ops.amd_kernels.<shape token>_paged_attention, and the emulator's workgroup sampler.
+"""Host code shared by the attention/paged_q<Hq>_kv<Hkv>_d64 packages: argument checks, the decode and prefill
+tiers, the custom op torch.ops.amd_kernels.<shape token>_paged_attention, and the emulator's workgroup sampler.
+
+Tiers are chosen per sequence from its own query length, never from the batch: q_len 1 runs the decode tier
+(paged_decode.py), q_len > 1 the prefill tier (paged_prefill.py), q_len 0 is padding. A batch with as many
+sequences as query rows (vLLM's uniform decode batch, padded to a capture size) runs the decode launch only
+and must have every q_len <= 1; any other batch runs both launches, each skipping the other's sequences.
 
 (No `from __future__ import annotations`: torch.library reads the entry's annotations as types.)
 """
@@ -11,6 +16,7 @@ import torch
 
 from amd_kernels import host, warm_up
 from amd_kernels.attention import paged_decode as kd
+from amd_kernels.attention import paged_prefill as kp
 
 WINDOWS = {"full": 0, "window": 128}  # variant key -> sliding_window it serves (gpt-oss: 128 or none)
 CHECK_VALUES_ENV = "AMD_KERNELS_CHECK_VALUES"
@@ -18,19 +24,26 @@ CHECK_VALUES_ENV = "AMD_KERNELS_CHECK_VALUES"
 EMULATOR_ALL_HEADS_KEYS = 8192
 
 
+PREFILL = "prefill_"  # variant key prefix of the prefill tier: prefill_full, prefill_window
+
+
 def variants(kv_heads: int, max_splits: int, min_split_blocks: int) -> dict:
-    return {key: kd.build(kv_heads, w, max_splits, min_split_blocks) for key, w in WINDOWS.items()}
+    out = {key: kd.build(kv_heads, w, max_splits, min_split_blocks) for key, w in WINDOWS.items()}
+    out.update({PREFILL + key: kp.build(kv_heads, w) for key, w in WINDOWS.items()})
+    return out
 
 
-def _check_values(cu: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, num_blocks: int) -> None:
+def _check_values(cu: torch.Tensor, lens: torch.Tensor, table: torch.Tensor, num_blocks: int,
+                  decode: bool) -> None:
     """The checks that read tensor values (a device sync on a GPU: run on CPU tensors, i.e. under the
     emulator, or when AMD_KERNELS_CHECK_VALUES=1 outside graph capture)."""
     cu, lens, table = cu.cpu(), lens.cpu(), table.cpu()
     q_len = cu[1:] - cu[:-1]
     if int(cu[0]) != 0 or bool((q_len < 0).any()):
         raise ValueError("cu_seqlens_q: must start at 0 and be non-decreasing")
-    if bool((q_len > 1).any()):
-        raise ValueError("cu_seqlens_q: the decode tier takes at most one query row per sequence")
+    if decode and bool((q_len > 1).any()):
+        raise ValueError("cu_seqlens_q: a batch of as many sequences as query rows is a decode batch: "
+                         "at most one query row per sequence")
     if bool((q_len > lens).any()) or bool((lens < 0).any()):
         raise ValueError("seq_lens: a sequence has more query rows than keys (or a negative length)")
     blocks = (lens + kd.BLOCK - 1) // kd.BLOCK
@@ -48,10 +61,10 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     Hq = Hkv * kd.GROUP
     D = kd.HEAD_DIM
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
-    modes = {"decode": list(WINDOWS)}
+    modes = {"decode": list(WINDOWS), "prefill": list(WINDOWS) + [PREFILL + k for k in WINDOWS]}
 
-    def mode_of(*args, **kwargs) -> str:
-        return "decode"
+    def mode_of(q, key_cache, value_cache, cu_seqlens_q, *args, **kwargs) -> str:
+        return "decode" if cu_seqlens_q.shape[0] == q.shape[0] + 1 else "prefill"
 
     # i32 byte offsets into q / out [T, Hq, D] bf16 and the split partials [T, Hkv, max_splits, GROUP, D] fp32
     max_tokens = min(host.max_tokens_for(Hq * D * 2), host.max_tokens_for(Hkv * max_splits * kd.GROUP * D * 4))
@@ -64,11 +77,12 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         T = q.shape[0]
         host.check_tensor("key_cache", key_cache, dtype=torch.bfloat16, shape=(None, kd.BLOCK, Hkv, D), like=q)
         host.check_tensor("value_cache", value_cache, dtype=torch.bfloat16, shape=tuple(key_cache.shape), like=q)
-        # decode tier: one query row per sequence (vLLM's uniform decode batch, padded to a capture size)
-        host.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, shape=(T + 1,), like=q,
-                          hint="the decode tier takes one query row per sequence")
-        host.check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(T,), like=q)
-        host.check_tensor("block_table", block_table, dtype=torch.int32, shape=(T, None), like=q)
+        host.check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(None,), like=q)
+        B = seq_lens.shape[0]
+        if T and not 1 <= B <= T:
+            raise ValueError(f"seq_lens: expected between 1 and {T} sequences (one per query row at most), got {B}")
+        host.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, shape=(B + 1,), like=q)
+        host.check_tensor("block_table", block_table, dtype=torch.int32, shape=(B, None), like=q)
         if block_table.shape[1] < 1:
             raise ValueError("block_table: expected at least one column")
         host.check_tensor("sinks", sinks, dtype=torch.float32, shape=(Hq,), like=q)
@@ -78,7 +92,7 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
             pass  # no data to read (torch.compile tracing, meta tensors)
         elif q.device.type == "cpu" or (os.environ.get(CHECK_VALUES_ENV) == "1"
                                         and not torch.cuda.is_current_stream_capturing()):
-            _check_values(cu_seqlens_q, seq_lens, block_table, key_cache.shape[0])
+            _check_values(cu_seqlens_q, seq_lens, block_table, key_cache.shape[0], B == T)
         return torch.empty((T, Hq, D), dtype=torch.bfloat16, device=q.device)
 
     @warm_up.entry(table, modes, mode_of)
@@ -88,32 +102,42 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         out = outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window)
         T = q.shape[0]
         if T:
+            B = seq_lens.shape[0]
             key = next(k for k, w in WINDOWS.items() if w == sliding_window)
             splits = 1 if sliding_window else max_splits
             # window layers never split: a one-element stand-in of the same rank
-            part_o = torch.empty(kd.part_o_shape(T, Hkv, splits) if not sliding_window else (1,) * 5,
+            part_o = torch.empty(kd.part_o_shape(B, Hkv, splits) if not sliding_window else (1,) * 5,
                                  dtype=torch.float32, device=q.device)
-            part_ml = torch.empty(kd.part_ml_shape(T, Hkv, splits) if not sliding_window else (1,) * 5,
+            part_ml = torch.empty(kd.part_ml_shape(B, Hkv, splits) if not sliding_window else (1,) * 5,
                                   dtype=torch.float32, device=q.device)
+            stream = host.stream_of(q)
             table[key](q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out, part_o,
-                       part_ml, T, block_table.shape[1], key_cache.shape[0], host.stream_of(q))
+                       part_ml, B, block_table.shape[1], key_cache.shape[0], stream)
+            if B != T:  # q_len > 1 possible: the prefill tier (its grid x covers one sequence of every row)
+                table[PREFILL + key](q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out,
+                                     B, block_table.shape[1], kp.grid_tiles(T), stream)
         return out
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """The workgroups the sampled query rows `tokens` need: their sequences' splits, in every KV head for
         sequences up to EMULATOR_ALL_HEADS_KEYS keys and in one (seeded by the sequence) above."""
         main = not kernel.endswith("_merge")
+        prefill = kernel.startswith("paged_prefill")
         cu_ptr, lens_ptr = (pointers[3], pointers[4]) if main else (pointers[0], pointers[1])
         batch = grid[2] if main else grid[1]
         cu = torch.frombuffer(bytearray(read(cu_ptr, (batch + 1) * 4)), dtype=torch.int32).tolist()
         lens = torch.frombuffer(bytearray(read(lens_ptr, batch * 4)), dtype=torch.int32).tolist()
         chosen = set()
         for b in range(batch):
-            if not any(cu[b] <= t < cu[b + 1] for t in tokens):
+            mine = [t - cu[b] for t in tokens if cu[b] <= t < cu[b + 1]]
+            if not mine:
                 continue
             heads = range(Hkv) if lens[b] <= EMULATOR_ALL_HEADS_KEYS else [(b * 7 + 3) % Hkv]
             for h in heads:
-                if main:
+                if prefill:  # the Q tiles holding the sampled rows (grid x = tiles - 1 - tile)
+                    nt = kp.tiles_of(cu[b + 1] - cu[b])
+                    chosen |= {(nt - 1 - t // kp.TILE_TOKENS, h, b) for t in mine if nt}
+                elif main:
                     chosen |= {(x, h, b) for x in range(grid[0])}
                 else:
                     chosen.add((h, b, 0))
