@@ -333,9 +333,21 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     - the probabilities p are rounded to bf16 before P V (bf16 MFMA, fp32 accumulate);
     - the running sums, the split merge (fixed split order) and the final division are fp32; out is rounded
       to bf16 once, round to nearest even.
+    Tiers (chosen per sequence from its own q_len, never from the batch): q_len 1 -> the decode tier, whose
+    split over keys depends only on the sequence's length (partials merged in split order); q_len > 1 -> the
+    prefill tier, one pass per Q tile over the keys in increasing 64-key blocks, no split:
+    - a Q tile is 32 consecutive query rows of one sequence (from its first row on) times the 8 query heads of
+      one KV head; its scores per 64-key block are bf16 MFMA products accumulated in fp32 over the 64 dims,
+      scaled by scale * log2(e) in fp32; keys outside the causal / window range become -inf;
+    - the running max m per (row, head) starts at sink * log2(e) (fp32) and is updated once per block; O and
+      the per-lane partial sums are rescaled by exp2(m_old - m_new) (fp32); p = exp2(s - m) in fp32;
+    - p rounded to bf16 (round to nearest even) before P V, which accumulates in fp32 over the block's keys;
+    - at the end l = the 4 partial sums (fixed order) + exp2(sink * log2(e) - m), out = O * (1 / l) in fp32,
+      rounded to bf16 once.
     Tolerance: cosine of out against this reference >= 0.9995 (the bf16 rounding of p is the largest term),
-    and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not depend on the
-    other sequences of the batch: its split over keys depends only on its own length).
+    for both tiers, and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not
+    depend on the other sequences of the batch: its tier, its split over keys and its Q tiles depend only on
+    its own lengths).
 
     Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
     T, Hq, D = q.shape
@@ -427,7 +439,7 @@ def prefill_batch_of(tokens: int, dims: dict, seed: int) -> tuple[list[int], lis
     PREFILL_ODD_LENGTHS (seeded order) while they fit, the others a seeded uneven split of the rest; each
     prefill sequence has a cached prefix from dims["cached_prefix"] (cycled from a seeded start; 0 = none);
     dims["decode_sequences"] decode sequences (q_len 1, context lengths from dims["context_lengths"] up to
-    LONG_CONTEXT) sit between them."""
+    LONG_CONTEXT) sit between them. dims["prefill_uniform"] (benchmarks): equal lengths, cached_prefix[0]."""
     S = int(dims["prefill_sequences"])
     D = int(dims.get("decode_sequences", 0))
     prefixes = [int(p) for p in dims.get("cached_prefix", [0])]
@@ -435,6 +447,9 @@ def prefill_batch_of(tokens: int, dims: dict, seed: int) -> tuple[list[int], lis
     new = tokens - D
     if S < 1 or D < 0 or new < S:
         raise ValueError(f"dims: {S} prefill and {D} decode sequences do not fit {tokens} query rows")
+    if dims.get("prefill_uniform"):  # benchmarks: S equal sequences (the last takes the remainder), one prefix
+        q_lens = [new // S] * (S - 1) + [new - (new // S) * (S - 1)]
+        return q_lens + [1] * D, [q + prefixes[0] for q in q_lens] + [contexts[0]] * D
     gen = torch.Generator().manual_seed(seed)
     odd = [PREFILL_ODD_LENGTHS[i] for i in torch.randperm(len(PREFILL_ODD_LENGTHS), generator=gen).tolist()]
     q_lens: list[int] = []

@@ -22,6 +22,8 @@ WINDOWS = {"full": 0, "window": 128}  # variant key -> sliding_window it serves 
 CHECK_VALUES_ENV = "AMD_KERNELS_CHECK_VALUES"
 # The emulator's sampled runs give every KV head to a sampled sequence up to this many keys, one above it.
 EMULATOR_ALL_HEADS_KEYS = 8192
+# ... and at most this many Q tiles of a prefill sequence (whole-sequence checks ask for every row).
+EMULATOR_TILES = 3
 
 
 PREFILL = "prefill_"  # variant key prefix of the prefill tier: prefill_full, prefill_window
@@ -119,8 +121,9 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         return out
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
-        """The workgroups the sampled query rows `tokens` need: their sequences' splits, in every KV head for
-        sequences up to EMULATOR_ALL_HEADS_KEYS keys and in one (seeded by the sequence) above."""
+        """The workgroups the sampled query rows `tokens` need: their sequences' splits (decode tier) or Q tiles
+        (prefill tier, at most EMULATOR_TILES a sequence), in every KV head for sequences up to
+        EMULATOR_ALL_HEADS_KEYS keys and in one (chosen by the sequence's length) above."""
         main = not kernel.endswith("_merge")
         prefill = kernel.startswith("paged_prefill")
         cu_ptr, lens_ptr = (pointers[3], pointers[4]) if main else (pointers[0], pointers[1])
@@ -132,11 +135,16 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
             mine = [t - cu[b] for t in tokens if cu[b] <= t < cu[b + 1]]
             if not mine:
                 continue
-            heads = range(Hkv) if lens[b] <= EMULATOR_ALL_HEADS_KEYS else [(b * 7 + 3) % Hkv]
+            # the head follows the sequence's own length, so a sequence alone and in a batch picks the same
+            heads = range(Hkv) if lens[b] <= EMULATOR_ALL_HEADS_KEYS else [(lens[b] * 7 + 3) % Hkv]
+            if prefill:  # at most EMULATOR_TILES Q tiles: those of the first, middle and last sampled rows
+                tiles = sorted({t // kp.TILE_TOKENS for t in mine})
+                if len(tiles) > EMULATOR_TILES:
+                    tiles = [tiles[0], tiles[len(tiles) // 2], tiles[-1]]
             for h in heads:
-                if prefill:  # the Q tiles holding the sampled rows (grid x = tiles - 1 - tile)
+                if prefill:  # grid x = tiles - 1 - tile (the heavy last tile first)
                     nt = kp.tiles_of(cu[b + 1] - cu[b])
-                    chosen |= {(nt - 1 - t // kp.TILE_TOKENS, h, b) for t in mine if nt}
+                    chosen |= {(nt - 1 - t, h, b) for t in tiles if nt}
                 elif main:
                     chosen |= {(x, h, b) for x in range(grid[0])}
                 else:
