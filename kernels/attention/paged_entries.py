@@ -68,8 +68,10 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     def mode_of(q, key_cache, value_cache, cu_seqlens_q, *args, **kwargs) -> str:
         return "decode" if cu_seqlens_q.shape[0] == q.shape[0] + 1 else "prefill"
 
-    # i32 byte offsets into q / out [T, Hq, D] bf16 and the split partials [T, Hkv, max_splits, GROUP, D] fp32
-    max_tokens = min(host.max_tokens_for(Hq * D * 2), host.max_tokens_for(Hkv * max_splits * kd.GROUP * D * 4))
+    # i32 byte offsets into q / out [T, Hq, D] bf16, and into the split partials [B, Hkv, max_splits, GROUP, D]
+    # fp32 (one slot per sequence: the bound on B)
+    max_tokens = host.max_tokens_for(Hq * D * 2)
+    max_seqs = host.max_tokens_for(Hkv * max_splits * kd.GROUP * D * 4)
 
     def outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window):
         """The checks and the output, shared by the entry and its fake (host.custom_op). The value checks
@@ -81,8 +83,8 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         host.check_tensor("value_cache", value_cache, dtype=torch.bfloat16, shape=tuple(key_cache.shape), like=q)
         host.check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(None,), like=q)
         B = seq_lens.shape[0]
-        if T and not 1 <= B <= T:
-            raise ValueError(f"seq_lens: expected between 1 and {T} sequences (one per query row at most), got {B}")
+        if T and not 1 <= B <= min(T, max_seqs):
+            raise ValueError(f"seq_lens: expected between 1 and min({T} query rows, {max_seqs}) sequences, got {B}")
         host.check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, shape=(B + 1,), like=q)
         host.check_tensor("block_table", block_table, dtype=torch.int32, shape=(B, None), like=q)
         if block_table.shape[1] < 1:
