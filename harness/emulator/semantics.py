@@ -164,8 +164,8 @@ def _class_mask(x, classes):
 
 def _bfrev(a):
     """Bit i of the result is bit 31 - i of a."""
-    bits = np.unpackbits(np.ascontiguousarray(np.broadcast_to(np.asarray(a, U32), (WAVE,))).view(np.uint8).reshape(-1, 4),
-                         axis=1, bitorder="little")  # column i = bit i
+    words = np.ascontiguousarray(np.broadcast_to(np.asarray(a, U32), (WAVE,)))
+    bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")  # column i = bit i
     return bits[:, ::-1].dot(1 << np.arange(32, dtype=np.int64)).astype(U32)
 
 

@@ -1,4 +1,5 @@
-"""Paged attention (decode and prefill tiers) for 64 query / 8 KV heads, head_dim 64. Entry: paged_attention(...); see README.md."""
+"""Paged attention (decode and prefill tiers) for 64 query / 8 KV heads, head_dim 64.
+Entry: paged_attention(...); see README.md."""
 
 from amd_kernels.attention import paged_entries
 from amd_kernels.attention.paged_q64_kv8_d64 import kernel

@@ -1,4 +1,5 @@
-"""Paged attention (decode and prefill tiers) for 8 query / 1 KV heads, head_dim 64. Entry: paged_attention(...); see README.md."""
+"""Paged attention (decode and prefill tiers) for 8 query / 1 KV heads, head_dim 64.
+Entry: paged_attention(...); see README.md."""
 
 from amd_kernels.attention import paged_entries
 from amd_kernels.attention.paged_q8_kv1_d64 import kernel
