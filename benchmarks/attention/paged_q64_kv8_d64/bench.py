@@ -1,9 +1,9 @@
-"""attention/paged_q64_kv8_d64: paged decode attention, gpt-oss-120b at TP 1 (64 query / 8 KV heads). Run:
+"""attention/paged_q64_kv8_d64: paged attention (decode and prefill), gpt-oss-120b at TP 1 (64 query / 8 KV heads). Run:
 python3 -m benchmarks.runner attention/paged_q64_kv8_d64 --tokens 1,8 --dims '{"context_lengths": [8192], "sliding_window": 0}'
 (tokens = sequences of the decode batch, each holding every listed key count).
-Prefill: --tokens 8192 --dims '{"prefill_sequences": 1, "prefill_uniform": true, "cached_prefix": [0],
-"sliding_window": 0}' (tokens = new tokens split over prefill_sequences equal sequences, each with the
-cached prefix)."""
+Prefill (tokens = new tokens split over prefill_sequences equal sequences, each with the cached prefix):
+--tokens 4096 --dims '{"query_heads": 64, "kv_heads": 8, "prefill_sequences": 16, "prefill_uniform": true,
+"cached_prefix": [0], "sliding_window": 0}'"""
 
 from benchmarks.attention.attention_cost import paged_decode_cost, paged_prefill_cost
 
