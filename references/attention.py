@@ -439,14 +439,16 @@ def prefill_batch_of(tokens: int, dims: dict, seed: int) -> tuple[list[int], lis
     PREFILL_ODD_LENGTHS (seeded order) while they fit, the others a seeded uneven split of the rest; each
     prefill sequence has a cached prefix from dims["cached_prefix"] (cycled from a seeded start; 0 = none);
     dims["decode_sequences"] decode sequences (q_len 1, context lengths from dims["context_lengths"] up to
-    LONG_CONTEXT) sit between them. dims["prefill_uniform"] (benchmarks): equal lengths, cached_prefix[0]."""
+    LONG_CONTEXT) sit between them (fewer of both when `tokens` is too small). dims["prefill_uniform"] (benchmarks): equal lengths, cached_prefix[0]."""
     S = int(dims["prefill_sequences"])
     D = int(dims.get("decode_sequences", 0))
     prefixes = [int(p) for p in dims.get("cached_prefix", [0])]
     contexts = [int(n) for n in dims.get("context_lengths", CONTEXT_LENGTHS) if int(n) <= LONG_CONTEXT] or [1]
+    if S < 1 or D < 0 or tokens < 1:
+        raise ValueError(f"dims: {S} prefill and {D} decode sequences, {tokens} query rows")
+    D = min(D, (tokens - 1) // 2)  # a batch too small for the layout keeps fewer sequences
+    S = min(S, tokens - D)
     new = tokens - D
-    if S < 1 or D < 0 or new < S:
-        raise ValueError(f"dims: {S} prefill and {D} decode sequences do not fit {tokens} query rows")
     if dims.get("prefill_uniform"):  # benchmarks: S equal sequences (the last takes the remainder), one prefix
         q_lens = [new // S] * (S - 1) + [new - (new // S) * (S - 1)]
         return q_lens + [1] * D, [q + prefixes[0] for q in q_lens] + [contexts[0]] * D
