@@ -30,11 +30,32 @@ load as zeros (buffer range check), so cache garbage never enters.
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
+from flydsl._mlir import ir
+from flydsl._mlir.dialects import scf
+from flydsl.compiler.ast_rewriter import ReplaceIfWithDispatch
 from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import T
 
 from amd_kernels.attention import paged_decode as kd
 from amd_kernels.common import buffer, mfma, wave
+
+_if = ReplaceIfWithDispatch.scf_ifexp_dispatch  # a wave-uniform branch returning values (scf.if)
+
+
+def _if_raw(cond, then_fn, keep):
+    """scf.if over COLS x 4 accumulators: then_fn() when `cond`, else `keep` unchanged (built directly: the
+    generic dispatcher's trial trace mistypes these MFMA results)."""
+    flat = [fx.as_ir_value(v) for row in keep for v in row]
+    op = scf.IfOp(ReplaceIfWithDispatch._to_i1(cond), [v.type for v in flat], has_else=True)
+    with ir.InsertionPoint(op.regions[0].blocks[0]):
+        scf.YieldOp([fx.as_ir_value(v) for row in then_fn() for v in row])
+    if len(op.regions[1].blocks) == 0:
+        op.regions[1].blocks.append()
+    with ir.InsertionPoint(op.regions[1].blocks[0]):
+        scf.YieldOp(flat)
+    res = list(op.results)
+    n = len(keep[0])
+    return [[fx.Vector(res[c * n + d]) for d in range(n)] for c in range(len(keep))]
 
 HEAD_DIM = kd.HEAD_DIM
 BLOCK = kd.BLOCK
@@ -85,9 +106,10 @@ def _block_ranges(pos_first, pos_last, window: int):
     return blk_lo, mid_lo, mid_hi, blk_hi
 
 
-def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, window, qops, sink2):
+def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos, window, qops, sink2):
     """One 64-key block: load it to LDS (whole workgroup), then this wave's columns. `masked` (Python bool)
-    compiles the position compares (edge blocks only). -> the new (m_run, l_run, o_acc)."""
+    compiles the position compares (edge blocks only) and skips, per wave, the MFMAs of the 16-key tiles no
+    row of the wave keeps (wpos: the wave's first and last query position). -> (m_run, l_run, o_acc)."""
     m_run, l_run, o_acc = state
     kbuf, vbuf = lds
     bt_rsrc, b, max_blocks, key_cache, value_cache = rsrcs
@@ -134,12 +156,27 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wind
             hi = kd._read_tr(vbuf, (key_a + 16) * ROW_BYTES + col * 2)
             row.append(lo.shuffle(hi, [0, 1, 2, 3]))
         vops.append(row)
-    m_new_all, l_new_all, o_new_all = [], [], []
-    for c in range(COLS):
-        s_t = []
-        for t in range(4):
+    def scores(t):
+        out = []
+        for c in range(COLS):
             acc = mfma.bf16_16x16x32(kops[t][0], qops[c][0], mfma.zeros())
-            s_t.append(mfma.bf16_16x16x32(kops[t][1], qops[c][1], acc))
+            out.append(mfma.bf16_16x16x32(kops[t][1], qops[c][1], acc))
+        return out
+
+    need = [None] * 4
+    s_all = []
+    for t in range(4):
+        if masked:  # 16-key tile t holds a key some row of the wave keeps (else its scores are all masked)
+            k_first = key0 + t * 16
+            need[t] = k_first <= wpos[1]
+            if window:
+                need[t] = need[t] & (k_first + 15 > wpos[0] - window)
+            s_all.append(_if(need[t], lambda t=t: scores(t), lambda: [mfma.zeros() for _ in range(COLS)]))
+        else:
+            s_all.append(scores(t))
+    m_new_all, l_new_all, o_new_all, p_all = [], [], [], []
+    for c in range(COLS):
+        s_t = [s_all[t][c] for t in range(4)]
         vals = []
         mx = fx.Float32(NEG_INF)
         for t in range(4):
@@ -163,13 +200,20 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wind
             lsum = lsum + ps[j]
         l_new_all.append(l_run[c] * alpha + lsum)
         m_new_all.append(m_new)
-        o = [o_acc[c][d] * alpha for d in range(4)]
-        for half in range(2):
-            pv = fx.Vector.from_elements(ps[8 * half: 8 * half + 8], fx.Float32)
-            p_op = pv.to(fx.BFloat16).bitcast(fx.Int32)
-            for d in range(4):
-                o[d] = mfma.bf16_16x16x32(vops[half][d], p_op, o[d])
-        o_new_all.append(o)
+        o_new_all.append([o_acc[c][d] * alpha for d in range(4)])
+        p_all.append([fx.Vector.from_elements(ps[8 * half: 8 * half + 8], fx.Float32).to(fx.BFloat16)
+                      .bitcast(fx.Int32) for half in range(2)])
+
+    def pv(half, o_all):
+        return [[mfma.bf16_16x16x32(vops[half][d], p_all[c][half], o_all[c][d]) for d in range(4)]
+                for c in range(COLS)]
+
+    for half in range(2):
+        if masked:  # a half whose two 16-key tiles no row of the wave keeps adds nothing (p = 0): skipped
+            o_new_all = _if_raw(need[2 * half] | need[2 * half + 1], lambda half=half, o=o_new_all: pv(half, o),
+                                o_new_all)
+        else:
+            o_new_all = pv(half, o_new_all)
     return m_new_all, l_new_all, o_new_all
 
 
@@ -229,8 +273,10 @@ def build(kv_heads: int, window: int):
                 off = (tok < ql).select(((q_lo + tok) * Hq + head) * ROW_BYTES + g * 16, _i32(OOB))
                 qops.append((buffer.load_x4(q_rsrc, off), buffer.load_x4(q_rsrc, off + 64)))
             bt_rsrc = buffer.tensor_resource(block_table, (fx.Int64(b) + 1) * fx.Int64(max_blocks) * 4)
+            wpos0 = pos_base + tok0 + w * WAVE_TOKENS  # this wave's query positions (wave-uniform)
             ctx = dict(lds=(kbuf, vbuf), rsrcs=(bt_rsrc, b, max_blocks, key_cache, value_cache), h=h,
-                       kv_row=kv_row, lane=lane, tid=tid, L=L, pos=pos, window=window, qops=qops, sink2=sink2)
+                       kv_row=kv_row, lane=lane, tid=tid, L=L, pos=pos, wpos=(wpos0, wpos0 + WAVE_TOKENS - 1),
+                       window=window, qops=qops, sink2=sink2)
 
             m_run = [sink2 for _ in range_constexpr(COLS)]
             l_run = [fx.Float32(0.0) for _ in range_constexpr(COLS)]
