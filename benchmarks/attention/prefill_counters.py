@@ -1,7 +1,7 @@
 """Counters of the paged attention's prefill tier at sizes too big to emulate whole (1 x 8192 full takes
 ~16k workgroup-blocks): a few Q tiles of each case run in the emulator (sequence 0's first, second and
-last tile, KV head 0), which gives the MFMAs and loaded bytes per 64-key block; the whole case is then
-totalled from the per-tile block counts (the host twin of the kernel's block ranges) and set against the
+last tile, KV head 0), their MFMAs must equal the host twin's count (the kernel's block ranges and
+per-wave skips); the whole case is then totalled with that twin and set against the
 minimum (the causal / window triangle, benchmarks/attention/attention_cost.py) and the floor (FLOPs at
 2.5 PFLOP/s). A whole run of a small case (benchmarks.runner) checks the extrapolation.
 
@@ -21,12 +21,37 @@ from amd_kernels.attention import paged_prefill as kp
 
 
 def blocks_of(tile, q_len, L, window):
+    """(first block, unmasked first, unmasked end, end block) of a Q tile: the kernel's _block_ranges."""
     tok0 = tile * kp.TILE_TOKENS
     pf = L - q_len + tok0
     pl = L - q_len + min(q_len, tok0 + kp.TILE_TOKENS) - 1
     hi = pl // 64 + 1
-    lo = max(pf - (window - 1), 0) // 64 if window else 0
-    return hi - lo
+    if window:
+        lo = max(pf - (window - 1), 0) // 64
+        mid_lo = min(max(-(-max(pl - (window - 1), 0) // 64), lo), hi)
+    else:
+        lo = mid_lo = 0
+    mid_hi = min(max((pf + 1) // 64, mid_lo), hi)
+    return lo, mid_lo, mid_hi, hi
+
+
+def mfma_of(tile, q_len, L, window):
+    """MFMAs of one Q tile and KV head: every wave's Q K^T of the 16-key tiles and P V of the 32-key halves
+    it keeps in edge blocks, all of them in the others (the kernel's rule)."""
+    lo, mid_lo, mid_hi, hi = blocks_of(tile, q_len, L, window)
+    per_wave = 4 * 2 * kp.COLS + 2 * 4 * kp.COLS
+    n = 0
+    for blk in range(lo, hi):
+        if mid_lo <= blk < mid_hi:
+            n += kp.WAVES * per_wave
+            continue
+        for w in range(kp.WAVES):
+            p0 = L - q_len + tile * kp.TILE_TOKENS + w * kp.WAVE_TOKENS
+            p1 = p0 + kp.WAVE_TOKENS - 1
+            need = [blk * 64 + 16 * t <= p1 and (not window or blk * 64 + 16 * t + 15 > p0 - window)
+                    for t in range(4)]
+            n += sum(need) * 2 * kp.COLS + sum(need[2 * h] or need[2 * h + 1] for h in range(2)) * 4 * kp.COLS
+    return n
 
 
 def case(tp, S, tokens, prefix, window, sample_tiles):
@@ -52,18 +77,21 @@ def case(tp, S, tokens, prefix, window, sample_tiles):
     rec = [r for r in recs if r.kernel_name.startswith("paged_prefill")][0]
     c = rec.counters
     mfma = sum(c.get("mfma", {}).values())
-    blk_sampled = sum(blocks_of(t, q_lens[0], lens[0], window) for t in tiles)
-    per_blk_mfma = mfma / blk_sampled
+    nblocks = lambda t, q, L: blocks_of(t, q, L, window)[3] - blocks_of(t, q, L, window)[0]  # noqa: E731
+    blk_sampled = sum(nblocks(t, q_lens[0], lens[0]) for t in tiles)
+    predicted = sum(mfma_of(t, q_lens[0], lens[0], window) for t in tiles)
+    if predicted != mfma:
+        raise AssertionError(f"sampled tiles ran {mfma} MFMAs, the host twin says {predicted}")
     kv_loaded = c.get("global_load_bytes", 0)
-    # whole case from the per-tile block counts
-    blk_total = sum(blocks_of(t, q, L, window) for q, L in zip(q_lens, lens) for t in range(kp.tiles_of(q))) * hkv
+    # whole case from the per-tile counts
+    blk_total = sum(nblocks(t, q, L) for q, L in zip(q_lens, lens) for t in range(kp.tiles_of(q))) * hkv
     cost = paged_prefill_cost(tokens, dims)
-    mfma_total = blk_total * per_blk_mfma
+    mfma_total = sum(mfma_of(t, q, L, window) for q, L in zip(q_lens, lens) for t in range(kp.tiles_of(q))) * hkv
     kv_bytes = blk_total * 64 * 128 * 2  # K and V of each block once per Q tile
     distinct_kv = sum(min(L, q + window - 1) if window else L for q, L in zip(q_lens, lens)) * hkv * 128 * 2
     return {"tp": tp, "seqs": S, "tokens": tokens, "prefix": prefix, "window": window,
             "sampled_tiles": tiles, "sampled_blocks": blk_sampled, "mfma_sampled": mfma,
-            "mfma_per_block": per_blk_mfma, "load_bytes_sampled": kv_loaded,
+            "mfma_predicted_sampled": predicted, "load_bytes_sampled": kv_loaded,
             "load_bytes_per_block": kv_loaded / blk_sampled,
             "mfma_total": mfma_total, "mfma_min": cost.min_mfma, "mfma_vs_min": mfma_total / cost.min_mfma,
             "kv_bytes_once_per_tile": kv_bytes, "kv_distinct_min": distinct_kv,
