@@ -66,7 +66,7 @@ SCALE_LOG2 = kd.SCALE_LOG2
 NEG_INF = kd.NEG_INF
 OOB = kd.OOB
 
-WAVES = 8  # waves per workgroup (8 x 2 column groups: 202 VGPRs, 2 waves per SIMD; 4 x 4 needs 350 + 94 AGPRs, 1)
+WAVES = 8  # waves per workgroup (8 x 2 column groups: 199 VGPRs, 2 waves per SIMD; 4 x 4 needs 350 + 94 AGPRs, 1)
 COLS = 2  # 16-column groups per wave (2 tokens x 8 heads each)
 WAVE_TOKENS = 2 * COLS
 TILE_TOKENS = WAVES * WAVE_TOKENS  # query tokens per workgroup (Q tile)
