@@ -21,7 +21,9 @@ workgroup with 16-byte global loads; K rows XOR-swizzled against LDS bank confli
   from LDS through ds_read_b64_tr_b16 in the key order the P^T registers hold (as in the decode kernel).
 Masks: the key blocks a tile needs are [first, last] (causal: up to its last query's position; window:
 from its first query's position - W + 1). Blocks wholly inside every query's range run unmasked; only the
-edge blocks (the causal diagonal, the window's start) compare positions. Keys past the sequence's length
+edge blocks (the causal diagonal, the window's start) compare positions, and there each wave skips the
+Q K^T MFMAs of the 16-key tiles and the P V MFMAs of the 32-key halves none of its rows keeps (a wave-uniform
+branch; the skipped scores would all be masked, so the bits are the same). Keys past the sequence's length
 load as zeros (buffer range check), so cache garbage never enters.
 """
 
