@@ -334,9 +334,21 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     - the probabilities p are rounded to bf16 before P V (bf16 MFMA, fp32 accumulate);
     - the running sums, the split merge (fixed split order) and the final division are fp32; out is rounded
       to bf16 once, round to nearest even.
+    Tiers (chosen per sequence from its own q_len, never from the batch): q_len 1 -> the decode tier, whose
+    split over keys depends only on the sequence's length (partials merged in split order); q_len > 1 -> the
+    prefill tier, one pass per Q tile over the keys in increasing 64-key blocks, no split:
+    - a Q tile is 32 consecutive query rows of one sequence (from its first row on) times the 8 query heads of
+      one KV head; its scores per 64-key block are bf16 MFMA products accumulated in fp32 over the 64 dims,
+      scaled by scale * log2(e) in fp32; keys outside the causal / window range become -inf;
+    - the running max m per (row, head) starts at sink * log2(e) (fp32) and is updated once per block; O and
+      the per-lane partial sums are rescaled by exp2(m_old - m_new) (fp32); p = exp2(s - m) in fp32;
+    - p rounded to bf16 (round to nearest even) before P V, which accumulates in fp32 over the block's keys;
+    - at the end l = the 4 partial sums (fixed order) + exp2(sink * log2(e) - m), out = O * (1 / l) in fp32,
+      rounded to bf16 once.
     Tolerance: cosine of out against this reference >= 0.9995 (the bf16 rounding of p is the largest term),
-    and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not depend on the
-    other sequences of the batch: its split over keys depends only on its own length).
+    for both tiers, and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not
+    depend on the other sequences of the batch: its tier, its split over keys and its Q tiles depend only on
+    its own lengths).
 
     Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
     return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
@@ -450,10 +462,56 @@ def context_lengths_of(batch: int, dims: dict, seed: int) -> list[int]:
     return out
 
 
+# Query lengths a prefill batch includes first (the regime's lengths around the 32-token Q tile and the
+# 64-key block): 1 goes to the decode tier inside a prefill batch.
+PREFILL_ODD_LENGTHS = (1, 63, 65, 127, 129)
+
+
+def prefill_batch_of(tokens: int, dims: dict, seed: int) -> tuple[list[int], list[int]]:
+    """(q_lens, seq_lens) of a seeded prefill / chunked-prefill batch of `tokens` query rows:
+    dims["prefill_sequences"] sequences share tokens - decode_sequences new tokens, the first ones taking
+    PREFILL_ODD_LENGTHS (seeded order) while they fit, the others a seeded uneven split of the rest; each
+    prefill sequence has a cached prefix from dims["cached_prefix"] (cycled from a seeded start; 0 = none);
+    dims["decode_sequences"] decode sequences (q_len 1, context lengths from dims["context_lengths"] up to
+    LONG_CONTEXT) sit between them (fewer of both when `tokens` is too small). dims["prefill_uniform"] (benchmarks): equal lengths, cached_prefix[0]."""
+    S = int(dims["prefill_sequences"])
+    D = int(dims.get("decode_sequences", 0))
+    prefixes = [int(p) for p in dims.get("cached_prefix", [0])]
+    contexts = [int(n) for n in dims.get("context_lengths", CONTEXT_LENGTHS) if int(n) <= LONG_CONTEXT] or [1]
+    if S < 1 or D < 0 or tokens < 1:
+        raise ValueError(f"dims: {S} prefill and {D} decode sequences, {tokens} query rows")
+    D = min(D, (tokens - 1) // 2)  # a batch too small for the layout keeps fewer sequences
+    S = min(S, tokens - D)
+    new = tokens - D
+    if dims.get("prefill_uniform"):  # benchmarks: S equal sequences (the last takes the remainder), one prefix
+        q_lens = [new // S] * (S - 1) + [new - (new // S) * (S - 1)]
+        return q_lens + [1] * D, [q + prefixes[0] for q in q_lens] + [contexts[0]] * D
+    gen = torch.Generator().manual_seed(seed)
+    odd = [PREFILL_ODD_LENGTHS[i] for i in torch.randperm(len(PREFILL_ODD_LENGTHS), generator=gen).tolist()]
+    q_lens: list[int] = []
+    left = new
+    for n in odd[:S - 1]:
+        if n + (S - len(q_lens) - 1) * 2 <= left:  # the others keep at least 2 rows each
+            q_lens.append(n)
+            left -= n
+    rest = S - len(q_lens)
+    cuts = sorted(torch.randperm(left - 1, generator=gen)[:rest - 1].add(1).tolist()) if rest > 1 else []
+    q_lens += [b - a for a, b in zip([0] + cuts, cuts + [left])]
+    start = int(torch.randint(0, len(prefixes), (1,), generator=gen))
+    seq_lens = [q + prefixes[(start + i) % len(prefixes)] for i, q in enumerate(q_lens)]
+    for j in range(D):  # decode sequences spread through the batch
+        at = (j * (S + j)) // max(D, 1) + j
+        L = contexts[int(torch.randint(0, len(contexts), (1,), generator=gen))]
+        q_lens.insert(at, 1)
+        seq_lens.insert(at, L)
+    return q_lens, seq_lens
+
+
 def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens: list[int] | None = None,
                                  q_lens: list[int] | None = None) -> dict:
     """Seeded inputs of one batch, vLLM's layouts. Default: a decode batch of `tokens` sequences (q_len 1)
-    with context lengths from context_lengths_of(); `seq_lens` / `q_lens` give any mixed batch.
+    with context lengths from context_lengths_of(); dims with "prefill_sequences" give a prefill batch
+    (prefill_batch_of); `seq_lens` / `q_lens` give any mixed batch.
 
     The cache holds only the blocks the batch uses plus ~1/8 more, in a seeded shuffled order (block ids
     are not contiguous and no block serves two sequences). Unused blocks, the slots past each sequence's
@@ -467,6 +525,8 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
     window = int(dims.get("sliding_window", 0))
     if D != HEAD_DIM or Hq % Hkv:
         raise ValueError(f"dims: head_dim must be {HEAD_DIM} and query_heads a multiple of kv_heads: {dims}")
+    if seq_lens is None and "prefill_sequences" in dims:
+        q_lens, seq_lens = prefill_batch_of(tokens, dims, seed)
     if seq_lens is None:
         seq_lens = context_lengths_of(tokens, dims, seed)
     q_lens = [1] * len(seq_lens) if q_lens is None else list(q_lens)

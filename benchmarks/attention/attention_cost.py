@@ -22,3 +22,30 @@ def paged_decode_cost(batch: int, dims: dict, kv_bytes: int = 2) -> Cost:
     meta = (batch + 1) * 4 + batch * 4 + batch * -(-keys // BLOCK) * 4 + hq * 4
     macs = 2 * batch * hq * keys * HEAD_DIM  # Q K^T and P V
     return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=batch * hq * HEAD_DIM * 2)
+
+
+# the prefill tier's floor: dense bf16 MFMA on MI355X (the issue's 2.5 PFLOP/s)
+BF16_FLOPS_PER_S = 2.5e15
+
+
+def prefill_keys(q_len: int, seq_len: int, window: int) -> int:
+    """Keys the q_len query rows of one sequence keep in total (causal, window p - k < W)."""
+    first = seq_len - q_len
+    return sum(min(p + 1, window) if window else p + 1 for p in range(first, seq_len))
+
+
+def paged_prefill_cost(tokens: int, dims: dict) -> Cost:
+    """A prefill batch (references.attention.prefill_batch_of): MFMA work of the causal / window triangle
+    (not the square), every K/V byte the batch needs read once, q read and out written once."""
+    from references.attention import prefill_batch_of
+
+    hq, hkv = int(dims["query_heads"]), int(dims["kv_heads"])
+    window = int(dims.get("sliding_window", 0))
+    q_lens, seq_lens = prefill_batch_of(tokens, dims, 0)
+    kept = sum(prefill_keys(q, L, window) for q, L in zip(q_lens, seq_lens))
+    needed = sum(min(L, q + window - 1) if window else L for q, L in zip(q_lens, seq_lens))  # distinct keys
+    kv = needed * hkv * HEAD_DIM * 2 * 2
+    qo = 2 * sum(q_lens) * hq * HEAD_DIM * 2
+    meta = 2 * len(q_lens) * 4 + 4 + sum(-(-L // BLOCK) for L in seq_lens) * 4 + hq * 4
+    macs = 2 * kept * hq * HEAD_DIM  # Q K^T and P V
+    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=sum(q_lens) * hq * HEAD_DIM * 2)

@@ -1,5 +1,5 @@
-"""Paged decode attention for 64 query / 8 KV heads, head_dim 64. Entries: paged_attention(...) (bf16 KV cache),
-paged_attention_fp8(..., k_scale, v_scale) (E4M3 cache); see README.md."""
+"""Paged attention (decode and prefill tiers) for 64 query / 8 KV heads, head_dim 64. Entries: paged_attention(...) (bf16 KV
+cache, both tiers), paged_attention_fp8(..., k_scale, v_scale) (E4M3 cache, decode tier); see README.md."""
 
 from amd_kernels.attention import paged_entries
 from amd_kernels.attention.paged_q64_kv8_d64 import kernel
