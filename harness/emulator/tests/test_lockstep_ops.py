@@ -1,0 +1,123 @@
+"""Each instruction form that lockstep.py runs over a group of waves gives what every wave alone gives.
+
+Small assembled programs (asmkernel.py) run with 4 waves per workgroup and 2 workgroups, once wave by wave
+(lockstep=False) and once in lockstep, with the detectors off, on without interleaving (every wave meets the
+others at every PC) and on with a seeded interleaving: every wave's registers and the counters must be
+equal. Programs are written so that the waves differ (lanes out of a buffer's bounds in some waves only,
+partial EXEC), so both the whole and the partial forms of the group paths run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.emulator import engine
+from harness.emulator.sanitizer import MemoryMap
+from harness.emulator.tests.asmkernel import run
+
+SANITIZE = [dict(), dict(sanitize={"waits", "hazards", "races"}),
+            dict(sanitize=True, interleave_seed=7, workgroup_order_seed=3)]
+IDS = ["plain", "sanitized", "interleaved"]
+
+
+def _inputs():
+    x = (np.arange(4096, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)
+    x[256:260] = 0                       # s8..s11 (unused)
+    return x
+
+
+def _both(body, opts, regs, memory=None, **kw):
+    """Run `body` both ways; assert equal registers (rows `regs` of every wave) and counters."""
+    got = []
+    for lockstep in (False, True):
+        o = dict(opts, lockstep=lockstep)
+        if memory is not None:
+            o["memory"] = memory
+        r = run(body, inputs=_inputs(), block=256, grid=2, options=o, **kw)
+        waves = sorted(r.waves, key=lambda w: (w.wg_id, w.wave_id))
+        got.append(([w.v[regs].copy() for w in waves], r.record.counters, r.out.copy()))
+    (va, ca, oa), (vb, cb, ob) = got
+    assert ca == cb
+    assert len(va) == 8 and all(np.array_equal(a, b) for a, b in zip(va, vb))
+    np.testing.assert_array_equal(oa, ob)
+    return got[1]
+
+
+# buffer over the input, num_records 3000 bytes: lane offset 12 * thread, so wave 3 (threads 192..255,
+# bytes 2304..) is partly out of range and waves 0..2 are wholly in range (a different form per wave)
+BUFFER = """
+  s_load_dwordx2 s[24:25], s[0:1], 0x0
+  s_waitcnt lgkmcnt(0)
+  s_and_b32 s25, s25, 0xffff
+  s_movk_i32 s26, 3000
+  s_mov_b32 s27, 0x27000
+  v_mul_u32_u24 v21, 12, v0
+"""
+
+LOADS = BUFFER + """
+  v_mov_b32 v30, -1
+  v_mov_b32 v40, -1
+  v_mov_b32 v41, -1
+  buffer_load_dword v30, v21, s[24:27], 0 offen
+  buffer_load_dwordx4 v[32:35], v21, s[24:27], 0 offen offset:100
+  buffer_load_dwordx3 v[36:38], v21, s[24:27], 0 offen offset:600
+  buffer_load_dwordx2 v[42:43], v21, s[24:27], 0 offen offset:2
+  buffer_load_ushort v39, v21, s[24:27], 0 offen offset:6
+  buffer_load_sbyte_d16_hi v40, v21, s[24:27], 0 offen offset:3
+  buffer_load_short_d16 v41, v21, s[24:27], 0 offen offset:10
+  s_waitcnt vmcnt(0)
+  v_cmp_gt_u32 vcc, 0x2a, v0
+  v_and_b32 v22, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 20, v22
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  buffer_load_dwordx4 v[44:47], v21, s[24:27], 0 offen offset:16
+  buffer_load_dword v48, v21, s[24:27], 0 offen offset:2900
+  s_mov_b64 exec, 0
+  buffer_load_dword v49, v21, s[24:27], 0 offen
+  s_mov_b64 exec, s[32:33]
+  s_waitcnt vmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_buffer_loads_in_and_out_of_range_and_partial_exec(opts):
+    v, c, _ = _both(LOADS, opts, slice(30, 50))
+    # the program does what it says: wave 3 of each workgroup has lanes zero-filled, the others none
+    assert c["global_load_bytes"] > 0
+    wave3 = v[3]
+    lane_off = 12 * (192 + np.arange(64))
+    np.testing.assert_array_equal(wave3[0], np.where(lane_off + 4 <= 3000, _inputs()[lane_off // 4], 0))
+    assert (v[0][0] == _inputs()[12 * np.arange(64) // 4]).all()
+    # partial EXEC: lanes 0..20 of every wave keep the register's old value (0), the others loaded
+    tid = 64 + np.arange(64)
+    assert not v[1][14][:21].any()
+    np.testing.assert_array_equal(v[1][14][21:], _inputs()[(12 * tid + 16) // 4][21:])
+
+
+class _Map:
+    """A memory option (emulator.guard's interface) reaching [start, end) of the input and the kernarg."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def memory_map(self, extra=()):
+        return MemoryMap([(self.start, self.end, "input", None)] + list(extra))
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_buffer_load_memory_report_names_the_same_wave(interleave):
+    """Only wave 3's lanes reach past the mapped bytes (2900 of the input): the report names it both ways."""
+    x = _inputs()
+    opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
+    msgs = []
+    for lockstep in (False, True):
+        mem = _Map(x.ctypes.data, x.ctypes.data + 2900)
+        with pytest.raises(engine.SanitizerReport) as err:
+            run(BUFFER + """
+              buffer_load_dwordx4 v[32:35], v21, s[24:27], 0 offen offset:100
+              s_waitcnt vmcnt(0)
+            """, inputs=x, block=256, grid=1, options=dict(opts, lockstep=lockstep, memory=mem))
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1]
+    assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
