@@ -121,3 +121,30 @@ def test_buffer_load_memory_report_names_the_same_wave(interleave):
         msgs.append(str(err.value))
     assert msgs[0] == msgs[1]
     assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
+
+
+# per-wave operands (16 bytes per thread from the input), MFMAs with VGPR and constant accumulators, two
+# scale forms, and one unscaled FP4 one; each wave's registers differ
+MFMA = """
+  v_lshlrev_b32 v50, 4, v0
+  global_load_dwordx4 v[60:63], v50, s[20:21]
+  global_load_dwordx4 v[64:67], v50, s[20:21] offset:2048
+  global_load_dwordx4 v[68:71], v50, s[20:21] offset:1024
+  global_load_dwordx4 v[72:75], v50, s[20:21] offset:3072
+  global_load_dwordx4 v[84:87], v50, s[20:21] offset:512
+  s_waitcnt vmcnt(0)
+  v_and_b32 v76, 0x7f7f7f7f, v60
+  v_or_b32 v76, 0x78787878, v76
+  v_mov_b32 v77, 0x7c7e8081
+  v_mfma_scale_f32_16x16x128_f8f6f4 v[80:83], v[60:67], v[68:75], 0, v76, v77 op_sel_hi:[0,0,0]
+  v_mfma_scale_f32_16x16x128_f8f6f4 v[88:91], v[60:67], v[68:75], v[84:87], v77, v76 op_sel:[1,0,0] op_sel_hi:[0,1,0]
+  v_mfma_f32_16x16x128_f8f6f4 v[92:95], v[60:63], v[68:71], v[84:87] cbsz:4 blgp:4
+  s_nop 15
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_mfma_group_gathers_each_waves_operands(opts):
+    v, c, _ = _both(MFMA, opts, slice(80, 96))
+    assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8}
+    assert not np.array_equal(v[0], v[1])          # the waves computed different things
