@@ -157,4 +157,29 @@ def build_cvt(inst, ctx):
         else:
             for i in range(dst_dw):
                 store_row(w, drow + i, res[i], m)
+    if base not in LANEWISE_CVT:
+        return h
+    vrows = [row_of(o, acc) if o.kind in ("v", "a") else None for o in srcs]
+
+    def group(waves):
+        """Lockstep (lockstep.py): one conversion over (waves, 64) (a LANEWISE_CVT handler computes each
+        lane from that lane alone), each wave's result stored under its own EXEC."""
+        regs = waves[0].v.base
+        idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+        args = [regs[idx, r] if r is not None else np.stack([rd(w) for w in waves])
+                for r, rd in zip(vrows, readers)]
+        old = regs[idx, drow]
+        res = numerics.execute_cvt(base, args, old, mods)
+        for k, w in enumerate(waves):
+            store_row(w, drow, res[k], exec_mask(w))
+    h.group = group
     return h
+
+
+# Conversions whose result in a lane depends on that lane's sources only (one-dword sources and result): they
+# run over a (waves, 64) array as over (64,) (tests/test_lockstep_ops.py::test_lanewise_conversions).
+LANEWISE_CVT = frozenset((
+    "v_cvt_f32_bf8", "v_cvt_f32_fp8", "v_cvt_pk_bf16_f32", "v_cvt_pk_bf8_f32", "v_cvt_pk_fp8_f32",
+    "v_cvt_scalef32_f16_bf8", "v_cvt_scalef32_f16_fp8", "v_cvt_scalef32_f32_bf8", "v_cvt_scalef32_f32_fp8",
+    "v_cvt_scalef32_pk_bf8_f32", "v_cvt_scalef32_pk_fp4_f32", "v_cvt_scalef32_pk_fp8_f32",
+    "v_cvt_scalef32_sr_bf8_f32", "v_cvt_scalef32_sr_fp8_f32", "v_cvt_sr_bf8_f32", "v_cvt_sr_fp8_f32"))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.emulator import engine
+from harness.emulator import engine, numerics
+from harness.emulator.ops_matrix import LANEWISE_CVT
 from harness.emulator.sanitizer import MemoryMap
 from harness.emulator.tests.asmkernel import run
 
@@ -148,3 +149,52 @@ def test_mfma_group_gathers_each_waves_operands(opts):
     v, c, _ = _both(MFMA, opts, slice(80, 96))
     assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8}
     assert not np.array_equal(v[0], v[1])          # the waves computed different things
+
+
+@pytest.mark.parametrize("mnemonic", sorted(LANEWISE_CVT))
+def test_lanewise_conversions(mnemonic):
+    """A LANEWISE_CVT conversion over (waves, 64) sources gives each wave's (64,) result: random bits, with
+    op_sel / clamp / SDWA selector / abs-neg modifiers."""
+    rng = np.random.default_rng(len(mnemonic))
+    nsrc = len(numerics.CVT_SRC_DWORDS.get(mnemonic, (1,)))
+    ran = 0
+    for mods in ({}, {"op_sel": [1, 1, 0, 1]}, {"op_sel": [0, 0, 1, 0], "clamp": 1}, {"src0_sel": "BYTE_2"},
+                 {"abs": [1, 0], "neg": [0, 1]}):
+        srcs = [rng.integers(0, 1 << 32, (3, 64), dtype=np.uint64).astype(np.uint32) for _ in range(nsrc)]
+        if nsrc == 3:
+            srcs[2] = (rng.integers(100, 150, (3, 64)) << 23).astype(np.uint32)
+        old = rng.integers(0, 1 << 32, (3, 64), dtype=np.uint64).astype(np.uint32)
+        try:
+            want = np.stack([numerics.execute_cvt(mnemonic, [s[k] for s in srcs], old[k], dict(mods))
+                             for k in range(3)])
+        except NotImplementedError:
+            continue                     # a modifier the instruction does not take
+        np.testing.assert_array_equal(numerics.execute_cvt(mnemonic, srcs, old, dict(mods)), want)
+        ran += 1
+    assert ran >= 2
+
+
+CVT = """
+  v_lshlrev_b32 v50, 4, v0
+  global_load_dwordx4 v[60:63], v50, s[20:21]
+  s_waitcnt vmcnt(0)
+  v_mov_b32 v70, -1
+  v_mov_b32 v71, -1
+  v_mov_b32 v73, -1
+  v_cvt_pk_fp8_f32 v70, v60, v61
+  v_cvt_pk_fp8_f32 v70, v62, v63 op_sel:[0,0,1]
+  v_and_b32 v72, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 37, v72
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_mov_b32 v64, 0x3f800000
+  v_cvt_scalef32_pk_fp8_f32 v71, v60, v61, v64
+  v_cvt_pk_bf16_f32 v73, v62, v63
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_conversion_group_under_partial_exec(opts):
+    v, _, _ = _both(CVT, opts, slice(70, 74))
+    assert not np.array_equal(v[0], v[1])
+    assert (v[2][1][:38] == 0xFFFFFFFF).all() and (v[2][3][:38] == 0xFFFFFFFF).all()   # outside EXEC: kept
