@@ -118,7 +118,11 @@ def build_mfma(inst, ctx):
                 d = fast.many(A, B, C)
             if d is None:
                 for w in waves:
-                    h(w)
+                    try:
+                        h(w)
+                    except Exception as e:
+                        e.wave = w          # lockstep names the wave in its report
+                        raise
                 return
             regs[idx, drow: drow + c_regs] = d      # MFMA writes every lane regardless of EXEC
             counters.mfma[name] += len(waves)

@@ -124,6 +124,16 @@ def _check(w, a, nbytes, act, what, read, write):
         s.mem.check(a, nbytes, act, what, read, write)      # a bool `act` becomes lane numbers there
 
 
+def _one_by_one(h, waves):
+    """Run a handler wave by wave in the group's order (lockstep's fallback); an exception names its wave."""
+    for w in waves:
+        try:
+            h(w)
+        except Exception as e:
+            e.wave = w
+            raise
+
+
 def _lds_idx(addrs, nbytes):
     return (np.asarray(addrs, np.int64)[:, None] + np.arange(nbytes)).ravel()
 
@@ -494,12 +504,7 @@ def build_buffer(inst, ctx):
                                     mem.check(A[sel] + 4 * j, min(4, nbytes), np.nonzero(sel)[1], inst.mnemonic,
                                               True, False)
                 except Exception:
-                    for w in waves:             # as alone: the first wave with a report raises it
-                        try:
-                            h(w)
-                        except Exception as e:
-                            e.wave = w
-                            raise
+                    _one_by_one(h, waves)       # as alone: the first wave with a report raises it
                     return
             got = {}
             if fast:
@@ -567,6 +572,41 @@ def build_buffer(inst, ctx):
         if len(a):
             mem_write(a, data)
             counters.global_store(a, nbytes)
+
+    def group(waves):
+        """Lockstep (lockstep.py): when every wave of the group has every lane active and in range, one
+        memory check, one scatter (waves in the group's order, so a later wave wins where two overlap, as
+        one by one) and one counter update; otherwise wave by wave. A memory report (out of bounds: found
+        before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
+        addrs = []
+        for w in waves:
+            s_ = w.s
+            a = ba.all_in_range(w, nbytes) if s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF else None
+            if a is None:
+                _one_by_one(h, waves)
+                return
+            addrs.append(a)
+        a = np.concatenate(addrs)
+        mem = waves[0].san.mem if waves[0].san is not None else None
+        if mem is not None:
+            try:
+                mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(waves)), inst.mnemonic, False, True)
+            except Exception:
+                _one_by_one(h, waves)
+                return
+        for w in waves:
+            if w.san is not None:
+                w.san.issue("vm", 0, None)
+        regs = waves[0].v.base
+        idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+        if shift_hi:
+            data = (regs[idx, drow] >> U32(16)).reshape(-1).view(np.uint8).reshape(-1, 4)[:, :nbytes]
+        else:
+            nd = (nbytes + 3) // 4
+            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8).reshape(-1, nd * 4)[:, :nbytes]
+        mem_write(a, data)
+        counters.global_store(a, nbytes)
+    h.group = group
     return h
 
 

@@ -106,8 +106,10 @@ class _Map:
         return MemoryMap([(self.start, self.end, "input", None)] + list(extra))
 
 
+@pytest.mark.parametrize("access", ["buffer_load_dwordx4 v[32:35], v21, s[24:27], 0 offen offset:100",
+                                    "buffer_store_dword v2, v21, s[24:27], 0 offen"])
 @pytest.mark.parametrize("interleave", [False, True])
-def test_buffer_load_memory_report_names_the_same_wave(interleave):
+def test_buffer_memory_report_names_the_same_wave(interleave, access):
     """Only wave 3's lanes reach past the mapped bytes (2900 of the input): the report names it both ways."""
     x = _inputs()
     opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
@@ -115,8 +117,7 @@ def test_buffer_load_memory_report_names_the_same_wave(interleave):
     for lockstep in (False, True):
         mem = _Map(x.ctypes.data, x.ctypes.data + 2900)
         with pytest.raises(engine.SanitizerReport) as err:
-            run(BUFFER + """
-              buffer_load_dwordx4 v[32:35], v21, s[24:27], 0 offen offset:100
+            run(BUFFER + access + """
               s_waitcnt vmcnt(0)
             """, inputs=x, block=256, grid=1, options=dict(opts, lockstep=lockstep, memory=mem))
         msgs.append(str(err.value))
@@ -198,3 +199,71 @@ def test_conversion_group_under_partial_exec(opts):
     v, _, _ = _both(CVT, opts, slice(70, 74))
     assert not np.array_equal(v[0], v[1])
     assert (v[2][1][:38] == 0xFFFFFFFF).all() and (v[2][3][:38] == 0xFFFFFFFF).all()   # outside EXEC: kept
+
+
+# stores through a buffer over the output (32 KB), each form to its own region, per-thread disjoint bytes
+# (the group's one scatter), then a store under partial EXEC and one with lanes past num_records (wave by
+# wave)
+STORES = """
+  s_load_dwordx2 s[24:25], s[0:1], 0x8
+  s_waitcnt lgkmcnt(0)
+  s_and_b32 s25, s25, 0xffff
+  s_mov_b32 s26, 0x8000
+  s_mov_b32 s27, 0x27000
+  s_lshl_b32 s40, s2, 8
+  v_add_u32 v20, s40, v0
+  v_lshlrev_b32 v21, 4, v20
+  v_lshlrev_b32 v22, 2, v20
+  v_lshlrev_b32 v23, 1, v20
+  v_lshlrev_b32 v26, 3, v20
+  buffer_store_dwordx4 v[2:5], v21, s[24:27], 0 offen
+  s_movk_i32 s41, 0x2000
+  buffer_store_dword v3, v22, s[24:27], s41 offen
+  s_movk_i32 s41, 0x2800
+  buffer_store_dwordx2 v[4:5], v26, s[24:27], s41 offen
+  s_movk_i32 s41, 0x3800
+  buffer_store_short v4, v23, s[24:27], s41 offen
+  s_movk_i32 s41, 0x3c00
+  buffer_store_byte v5, v20, s[24:27], s41 offen
+  s_movk_i32 s41, 0x3e00
+  buffer_store_short_d16_hi v2, v23, s[24:27], s41 offen
+  v_and_b32 v24, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 40, v24
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  s_movk_i32 s41, 0x4200
+  buffer_store_dword v5, v22, s[24:27], s41 offen
+  s_mov_b64 exec, s[32:33]
+  s_movk_i32 s26, 0x73a0
+  v_mul_u32_u24 v25, 24, v20
+  s_movk_i32 s41, 0x4e20
+  buffer_store_dwordx3 v[2:4], v25, s[24:27], s41 offen
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_buffer_stores_every_form(opts):
+    _, c, out = _both(STORES, opts, slice(2, 6), out_words=8192)
+    assert c["global_store_bytes"] > 0
+    np.testing.assert_array_equal(out[0:1024:4], _inputs()[:256])            # dwordx4 lane t: v2 = in[t]
+
+
+# every wave of both workgroups stores to the same 256 bytes: the last writer wins, the same one both ways
+# (without interleaving both ways run the waves in slot order)
+OVERLAP = """
+  s_load_dwordx2 s[24:25], s[0:1], 0x8
+  s_waitcnt lgkmcnt(0)
+  s_and_b32 s25, s25, 0xffff
+  s_mov_b32 s26, 0x4000
+  s_mov_b32 s27, 0x27000
+  v_and_b32 v20, 0x3f, v0
+  v_lshlrev_b32 v21, 2, v20
+  v_lshlrev_b32 v22, 10, v0
+  v_add_u32 v22, s2, v22
+  buffer_store_dword v22, v21, s[24:27], 0 offen
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE[:2], ids=IDS[:2])
+def test_overlapping_stores_last_wave_wins(opts):
+    _, _, out = _both(OVERLAP, opts, slice(20, 23))
+    np.testing.assert_array_equal(out[:64], (192 + np.arange(64)) * 1024 + 1)
