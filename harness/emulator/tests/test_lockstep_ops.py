@@ -267,3 +267,39 @@ OVERLAP = """
 def test_overlapping_stores_last_wave_wins(opts):
     _, _, out = _both(OVERLAP, opts, slice(20, 23))
     np.testing.assert_array_equal(out[:64], (192 + np.arange(64)) * 1024 + 1)
+
+
+# compares (VCC, an SGPR pair, EXEC; integer, float, class; an SGPR source that differs per workgroup) and
+# selects on their masks under partial EXEC; each wave's data differs
+COMPARE = """
+  v_xor_b32 v30, v2, v3
+  v_and_b32 v24, 0x3f, v0
+  v_cmp_gt_u32 vcc, v2, v3
+  v_cndmask_b32 v40, v4, v5, vcc
+  v_cmp_lt_f32 s[30:31], v4, v5
+  v_cndmask_b32 v41, v2, v30, s[30:31]
+  v_cmp_class_f32 s[34:35], v5, 0x3f
+  v_cmp_eq_u32 s[36:37], s2, v24
+  v_cmp_ne_u32 vcc, 0, v24
+  v_cndmask_b32 v42, -v4, |v5|, s[34:35]
+  s_mov_b64 s[38:39], exec
+  v_cmpx_le_u32 s[32:33], 21, v24
+  v_cmp_ge_i32 vcc, v2, v5
+  v_cndmask_b32 v43, 7, v3, vcc
+  v_cndmask_b32 v44, v2, 0, s[36:37]
+  s_mov_b64 exec, s[38:39]
+  v_mov_b32 v45, s30
+  v_mov_b32 v46, s31
+  v_mov_b32 v47, s34
+  v_mov_b32 v48, s36
+  v_mov_b32 v49, s32
+  v_mov_b32 v50, vcc_lo
+  v_mov_b32 v51, vcc_hi
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_compares_and_selects(opts):
+    v, _, _ = _both(COMPARE, opts, slice(40, 52))
+    assert not np.array_equal(v[0], v[1])
+    assert not v[0][3][:21].any() and v[0][3][21:].all()        # v43 outside EXEC (lanes < 21): old (0)
