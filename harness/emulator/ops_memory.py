@@ -337,6 +337,32 @@ class BufferAddress:
         off += soff
         return off
 
+    def all_in_range_many(self, waves, nbytes):
+        """all_in_range for a lockstep group at once: ((waves, 64) int64 addresses, (waves,) bool), the
+        flag True where the wave has every lane active and all_in_range would return those addresses."""
+        n = len(waves)
+        if self.idxen or not self.offen:
+            return None, np.zeros(n, bool)
+        rs = self.rsrc
+        ex, base, soff, limit = [], [], [], []
+        for w in waves:
+            s = w.s
+            d1 = s[rs + 1]
+            ex.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF and not (d1 >> 16) & 0x3FFF)
+            so = self.soff(w)
+            soff.append(so)
+            base.append((s[rs] | ((d1 & 0xFFFF) << 32)) + so)
+            limit.append(s[rs + 2] - so)
+        regs = waves[0].v.base
+        idx = np.fromiter((w.slot for w in waves), np.intp, n)
+        off = regs[idx, self.vrow].astype(np.int64)
+        if self.inst_offset:
+            off += self.inst_offset
+        ndw = max(1, nbytes // 4)
+        ok = np.array(ex) & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= np.array(limit, np.int64))
+        off += np.array(base, np.int64)[:, None]
+        return off, ok
+
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
         ndw = max(1, nbytes // 4)
@@ -461,19 +487,18 @@ def build_buffer(inst, ctx):
             reports, nothing has happened yet and the waves rerun one by one in the group's order, so the
             report is the first wave's, as alone. Each wave's registers are still delivered through its
             own queue."""
-            fast, addrs, part = [], [], []
-            for w in waves:
-                s_ = w.s
-                full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
-                a = ba.all_in_range(w, nbytes) if full else None
-                if a is not None:
+            fast, part = [], []
+            many, whole = ba.all_in_range_many(waves, nbytes)
+            for w, f in zip(waves, whole.tolist()):
+                if f:
                     fast.append(w)
-                    addrs.append(a)
                 else:
+                    s_ = w.s
+                    full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
                     act = _ALL if full else _active(w)
                     addr, ok = ba.in_range(w, nbytes)
                     part.append((w, act, addr, ok))
-            a = (np.concatenate(addrs) if len(addrs) > 1 else addrs[0]) if fast else None
+            a = (many.reshape(-1) if not part else many[whole].reshape(-1)) if fast else None
             if part:
                 P = len(part)
                 A = np.stack([p[2] for p in part]) if P > 1 else part[0][2][None]      # (P, 64) int64
@@ -578,15 +603,11 @@ def build_buffer(inst, ctx):
         memory check, one scatter (waves in the group's order, so a later wave wins where two overlap, as
         one by one) and one counter update; otherwise wave by wave. A memory report (out of bounds: found
         before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
-        addrs = []
-        for w in waves:
-            s_ = w.s
-            a = ba.all_in_range(w, nbytes) if s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF else None
-            if a is None:
-                _one_by_one(h, waves)
-                return
-            addrs.append(a)
-        a = np.concatenate(addrs)
+        many, whole = ba.all_in_range_many(waves, nbytes)
+        if not whole.all():
+            _one_by_one(h, waves)
+            return
+        a = many.reshape(-1)
         mem = waves[0].san.mem if waves[0].san is not None else None
         if mem is not None:
             try:
