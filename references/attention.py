@@ -338,6 +338,22 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     other sequences of the batch: its split over keys depends only on its own length).
 
     Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, round_p=False)
+
+
+def paged_attention_p_bf16(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                           sliding_window) -> tuple[torch.Tensor]:
+    """paged_attention with the kernels' largest rounding point put back: each p_k = exp(s_k - m) rounded to
+    bf16 before P V (the denominator keeps the unrounded p, as the kernels' fp32 running sum does; m the row's
+    final max where the kernels use a running block max: the same relative rounding, another realization).
+    Not an op: the layer's chain bound (references/layer.py) runs the reference chain with it."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, round_p=True)
+
+
+def _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                     round_p: bool) -> tuple[torch.Tensor]:
     T, Hq, D = q.shape
     Hkv = key_cache.shape[2]
     G = Hq // Hkv
@@ -377,6 +393,8 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
                 m = torch.maximum(s.amax(dim=-1, keepdim=True), sk)
                 p = torch.exp(s - m)
                 denom = p.sum(dim=-1, keepdim=True) + torch.exp(sk - m)
+                if round_p:
+                    p = p.to(torch.bfloat16).to(torch.float64)
                 o = ((p / denom).reshape(G * (c1 - c0), -1) @ v).view(G, c1 - c0, D).transpose(0, 1)
                 out[q0 + c0:q0 + c1, h * G:(h + 1) * G] = o.to(torch.bfloat16)
     return (out,)
