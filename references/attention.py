@@ -352,7 +352,7 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
 
     Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
     return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
-                            sliding_window, None, None)
+                            sliding_window, None, None, round_p=False)
 
 
 def paged_attention_fp8(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -376,12 +376,23 @@ def paged_attention_fp8(q: torch.Tensor, key_cache: torch.Tensor, value_cache: t
     - A NaN code or a saturated +-448 in a slot no query reads must never reach an output (the input builder
       puts them there)."""
     return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
-                            sliding_window, k_scale, v_scale)
+                            sliding_window, k_scale, v_scale, round_p=False)
+
+
+def paged_attention_p_bf16(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                           sliding_window) -> tuple[torch.Tensor]:
+    """paged_attention with the kernels' largest rounding point put back: each p_k = exp(s_k - m) rounded to
+    bf16 before P V (the denominator keeps the unrounded p, as the kernels' fp32 running sum does; m the row's
+    final max where the kernels use a running block max: the same relative rounding, another realization).
+    Not an op: the layer's chain bound (references/layer.py) runs the reference chain with it."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, None, None, round_p=True)
 
 
 def _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
-                     k_scale, v_scale) -> tuple[torch.Tensor]:
-    """The fp64 computation of both tiers: k_scale / v_scale None for bf16 caches, else the dequant factors."""
+                     k_scale, v_scale, round_p: bool) -> tuple[torch.Tensor]:
+    """The fp64 computation of both KV tiers: k_scale / v_scale None for bf16 caches, else the dequant
+    factors; round_p puts the kernels' P-to-bf16 rounding back (paged_attention_p_bf16)."""
     ks = 1.0 if k_scale is None else float(k_scale.double().reshape(()))
     vs = 1.0 if v_scale is None else float(v_scale.double().reshape(()))
     T, Hq, D = q.shape
@@ -423,6 +434,8 @@ def _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_ta
                 m = torch.maximum(s.amax(dim=-1, keepdim=True), sk)
                 p = torch.exp(s - m)
                 denom = p.sum(dim=-1, keepdim=True) + torch.exp(sk - m)
+                if round_p:
+                    p = p.to(torch.bfloat16).to(torch.float64)
                 o = ((p / denom).reshape(G * (c1 - c0), -1) @ v).view(G, c1 - c0, D).transpose(0, 1)
                 out[q0 + c0:q0 + c1, h * G:(h + 1) * G] = o.to(torch.bfloat16)
     return (out,)

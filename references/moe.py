@@ -166,10 +166,15 @@ def moe_mxfp4_swiglu(x, topk_weights, topk_ids, w13_blocks, w13_scales, w2_block
                 "swiglu", 1, 0)
 
 
+def router_logits(x, router_weight, router_bias) -> torch.Tensor:
+    """The bf16 router logits moe_route_softmax_topk ranks, as fp32 [tokens, E]."""
+    return (x.float() @ router_weight.float().T + router_bias.float()).to(torch.bfloat16).float()
+
+
 def moe_route_softmax_topk(x, router_weight, router_bias, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16 [tokens, h], router_weight bf16 [E, h], router_bias bf16 [E]
     -> (topk_weights fp32 [tokens, k], topk_ids int32 [tokens, k])."""
-    logits = (x.float() @ router_weight.float().T + router_bias.float()).to(torch.bfloat16).float()
+    logits = router_logits(x, router_weight, router_bias)
     experts = logits.shape[1]
     # Stable order: larger logit first, then lower expert id (a stable sort of -logit keeps id order).
     order = torch.sort(-logits, dim=1, stable=True).indices[:, :top_k]
