@@ -198,10 +198,14 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
     catch("too_many_tokens", lambda: entry(**mine))
     small = {**{k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mine.items()}}
     catch("dtype", lambda: entry(**{**small, "residual": small["residual"].float()}))
+    from amd_kernels import host
+
     os.environ["AMD_KERNELS_CHECK_RANKS"] = "1"  # the host-side cross-rank check (a debugging mode)
+    host.reload_env()  # the host code reads its switches once per process
     uneven = {**mine, "x": mine["x"][: 3 if rank == 0 else 2], "residual": mine["residual"][: 3 if rank == 0 else 2]}
     catch("uneven_tokens", lambda: entry(**uneven))
     del os.environ["AMD_KERNELS_CHECK_RANKS"]
+    host.reload_env()
     if rank != world - 1:
         from harness import emulator
 
