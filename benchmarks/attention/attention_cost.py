@@ -20,4 +20,5 @@ def paged_decode_cost(batch: int, dims: dict) -> Cost:
     qo = 2 * batch * hq * HEAD_DIM * 2
     meta = (batch + 1) * 4 + batch * 4 + batch * -(-keys // BLOCK) * 4 + hq * 4
     macs = 2 * batch * hq * keys * HEAD_DIM  # Q K^T and P V
-    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=batch * hq * HEAD_DIM * 2)
+    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=batch * hq * HEAD_DIM * 2,
+                flops_per_s=2.5e15)  # bf16 MFMA dense peak
