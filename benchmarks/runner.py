@@ -161,10 +161,12 @@ def measure_emulator(bench, tokens: int, dims: dict | None = None, op: str | Non
     return out
 
 
-def host_us_per_call(entry, inputs: dict, calls: int = 100, batches: int = 5) -> float | None:
+def host_us_per_call(entry, inputs: dict, calls: int = 200, batches: int = 7) -> float | None:
     """Eager host cost of one call (argument checks, tier choice, the compiled call, kernarg packing and the
-    HIP substitute's launch path) with launches that run no kernel code: the fastest batch's mean, in us.
-    None when the entry cannot run without its kernels' results (a host read of device data failing)."""
+    HIP substitute's launch path) with launches that run no kernel code: the fastest batch's mean, in us of
+    this process's CPU time (time.process_time: on this shared machine wall time also counts the waits for
+    a core; on an idle machine the two agree). None when the entry cannot run without its kernels' results
+    (a host read of device data failing)."""
     import time
 
     from harness import emulator
@@ -174,10 +176,10 @@ def host_us_per_call(entry, inputs: dict, calls: int = 100, batches: int = 5) ->
             entry(**inputs)
             means = []
             for _ in range(batches):
-                start = time.perf_counter()
+                start = time.process_time()
                 for _ in range(calls):
                     entry(**inputs)
-                means.append((time.perf_counter() - start) / calls * 1e6)
+                means.append((time.process_time() - start) / calls * 1e6)
     except Exception:  # noqa: BLE001 - reported as unmeasured, not fatal
         return None
     return min(means)

@@ -74,8 +74,9 @@ def check_tensor(
     """Raise a TypeError/ValueError naming `name` unless `t` is a contiguous tensor of this dtype and shape.
 
     `shape` entries of None match any size. `like` (another argument) pins the device. `hint` is added to
-    dtype and shape errors (e.g. how to prepare a weight); a function returning it is called only then. `align`: the byte alignment the kernel's loads of
-    `t` need (16 for dwordx4 loads; 1 for a tensor read bytewise, so a row slice of it is accepted).
+    dtype and shape errors (e.g. how to prepare a weight); a function returning it is called only then.
+    `align`: the byte alignment the kernel's loads of `t` need (16 for dwordx4 loads; 1 for a tensor read
+    bytewise, so a row slice of it is accepted). Every call of every entry runs this: it is kept lean.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -92,13 +93,14 @@ def check_tensor(
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(got)}{_hint(hint)}")
     device = t.device
-    if not _device_ok(device):
+    kind = device.type
+    if not (kind == "cuda" or (kind == "cpu" and _cpu_ok)):  # _device_ok, inlined
         raise ValueError(f"{name}: expected a tensor on a gfx950 GPU, got device {device}")
     if like is not None and device != like.device:
         raise ValueError(f"{name}: on device {device}, but the other arguments are on {like.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor (row-major), got strides {tuple(t.stride())}")
-    if _byte_address(t) % align:
+    if (t.data_ptr() if type(t) is torch.Tensor else _byte_address(t)) % align:
         raise ValueError(f"{name}: data pointer is not {align}-byte aligned (the kernel's {align}-byte loads need it)")
 
 
