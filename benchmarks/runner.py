@@ -1,14 +1,21 @@
 """The shared benchmark runner: one kernel package's entry at chosen token counts.
 
-    python3 -m benchmarks.runner gemm/mxfp8_n5120_k2880 [--tokens 1,8,64,256,2048] [--json]
+    python3 -m benchmarks.runner gemm/mxfp8_n5120_k2880 [--tokens 1,8,64,256,2048] [--json] [--plot DIR]
+    python3 -m benchmarks.runner --all [--tokens ...]        every registered bench, one after the other
+    python3 -m benchmarks.runner norm/rmsnorm_h2880 --op rmsnorm_mxfp8    one op of a package with several
 
 A benchmark is `benchmarks/<category>/<shape token>/bench.py` defining
     PACKAGE  "<category>/<shape token>" (the kernel package), OP (reference op name), DIMS (its dims),
+    OPS      optional: every op of a package with several entries (the runner measures each; cost takes op=),
     TOKENS   default token counts,
-    cost(m)  -> Cost(min_bytes, flops, min_mfma, min_write_bytes, boundary_bytes): what the op cannot do
-             with less at m tokens (min_write_bytes: the part of min_bytes that is output, for a reads-only
-             figure; boundary_bytes: the smallest intermediates a staged op must pass between its launches,
-             each counted once, for a reads figure against the minimum plus them).
+    cost(m)  -> Cost(min_bytes, flops, min_mfma, min_write_bytes, boundary_bytes, link_bytes, flops_per_s):
+             what the op cannot do with less at m tokens (min_write_bytes: the part of min_bytes that is
+             output, for a reads-only figure; boundary_bytes: the smallest intermediates a staged op must pass
+             between its launches, each counted once, for a reads figure against the minimum plus them;
+             link_bytes: for a multi-rank op, what one rank must pull from its peers over xGMI),
+    ANCHORS  optional: published figures at its shapes, drawn by --plot (benchmarks/plots.py).
+A multi-rank package (kernel.toml ranks = 8) runs each case on 8 emulated ranks; each rank projects its own
+launches and the row shows the slowest (the counters are rank 0's).
 Inputs come from the op's builder in references/ (prepared by the package's `prepare` hook when declared).
 
 On a gfx950 GPU: CUDA-graph replay over rotating copies of every input (> 256 MiB in total, more than the
@@ -153,6 +160,7 @@ def measure_emulator(bench, tokens: int, dims: dict | None = None, op: str | Non
         "mfma_x_min": (totals["mfma"] / cost.min_mfma) if cost.min_mfma else None,
         "wave_instructions": int(totals["wave_instructions"]),
         "projected_us": projected["us"],
+        "model": [{"launches": model_in, "dram_bytes": projected["dram_bytes"], "link_bytes": [0] * len(model_in)}],
         # scalar (SMEM) loads: kernel arguments, and wave-uniform data some kernels read this way
         "smem_bytes": int(totals["smem_bytes"]),
     }
@@ -196,7 +204,22 @@ def _project(model_in: list[dict], cost: Cost) -> dict:
     sampled_issued = sum(b for b, L in zip(issued, model_in) if L["sampled"])
     rest = max(0, cost.min_bytes - whole)
     dram = [None if not L["sampled"] else rest * b / max(1, sampled_issued) for b, L in zip(issued, model_in)]
-    return costmodel.project_launches(model_in, dram)
+    out = costmodel.project_launches(model_in, dram)
+    out["dram_bytes"] = dram
+    return out
+
+
+def reproject(row: dict, fit=None) -> dict:
+    """A row of `--json` output projected again (e.g. after a new calibration) from the model inputs it keeps
+    ("model": per rank, each launch's counters and code-object resources, its DRAM and link bytes)."""
+    per_rank = [costmodel.project_launches(m["launches"], m["dram_bytes"], fit, m["link_bytes"]) for m in row["model"]]
+    slowest = max(per_rank, key=lambda p: p["us"])
+    for launch, proj in zip(row["launches"], per_rank[0]["launches"]):
+        launch["projected_us"], launch["projected_bound"] = proj["us"], proj["bound"]
+    row["projected_us"] = slowest["us"]
+    if len(per_rank) > 1:
+        row["projected_us_per_rank"] = [p["us"] for p in per_rank]
+    return row
 
 
 def _cost(bench, tokens: int, dims: dict | None, op: str | None = None) -> Cost:
@@ -230,6 +253,7 @@ def measure_ranks(bench, tokens: int, dims: dict | None, op: str) -> dict:
            "smem_bytes": first["smem_bytes"],
            "projected_us": max(r["projected_us"] for r in per_rank),
            "projected_us_per_rank": [r["projected_us"] for r in per_rank],
+           "model": [r["model"] for r in per_rank],
            "host_us_per_call": max((r["host_us_per_call"] for r in per_rank if r["host_us_per_call"] is not None),
                                    default=None)}
     out.update(floor_us(cost))
@@ -255,7 +279,9 @@ def _rank_measure(rank: int, world: int, bench_module: str, op: str, tokens: int
     with emulator.launches() as recs:
         entry(**mine)
     cost = _cost(bench, tokens, dims, op)
-    projected = costmodel.project_records(recs, link_bytes=cost.link_bytes)
+    model_in = [costmodel.launch_from_record(r) for r in recs]
+    links = [cost.link_bytes if i == 0 else 0 for i in range(len(recs))]  # as project_records charges them
+    projected = costmodel.project_launches(model_in, link_bytes=links)
     launches, issued, distinct, waves_instr, smem = [], 0, 0, 0, 0
     for r, proj in zip(recs, projected["launches"]):
         c = r.counters
@@ -270,6 +296,7 @@ def _rank_measure(rank: int, world: int, bench_module: str, op: str, tokens: int
                          "mfma": int(sum(c.get("mfma", {}).values())),
                          "projected_us": proj["us"], "projected_bound": proj["bound"]})
     return {"launches": launches, "bytes_issued": int(issued), "bytes_distinct": int(distinct),
+            "model": {"launches": model_in, "dram_bytes": None, "link_bytes": links},
             "wave_instructions": int(waves_instr), "smem_bytes": int(smem), "projected_us": projected["us"],
             "host_us_per_call": host_us_per_call(entry, mine)}
 
