@@ -58,12 +58,13 @@ def roofline(results: dict, path: Path) -> Path:
         pts = [(r["flops"] / _bytes_moved(r), r["flops"] / (r["projected_us"] * 1e-6)) for r in rows
                if r.get("flops") and r.get("projected_us")]
         if pts:
-            ax.scatter(*zip(*pts), marker=markers[i % len(markers)], label=f"{bench} (projected)")
+            ax.scatter(*zip(*pts), marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20),
+                       label=f"{bench} (projected)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity, FLOP / byte moved")
     ax.set_ylabel("projected FLOP/s on MI355X (cost model, not measured)")
-    ax.set_title("Roofline: PROJECTED by benchmarks/costmodel.py")
+    ax.set_title("Roofline: PROJECTED by benchmarks/costmodel.py (not measured)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, which="both", lw=0.3)
     fig.tight_layout()
@@ -81,18 +82,15 @@ def versus_tokens(bench: str, rows: list[dict], path: Path) -> Path:
         t = [r["tokens"] for r in mine]
         line, = ax.plot(t, [r["projected_us"] for r in mine], "o-", label=f"{op}: projected")
         ax.plot(t, [r["floor_us"] for r in mine], ":", color=line.get_color(), label=f"{op}: floor")
-    for a in _anchors(bench):
-        if a.get("op") and a["op"] not in ops:
-            continue
-        ax.scatter([a["tokens"]], [a["us"]], marker="x", s=60, color="black", zorder=5)
-        ax.annotate(a["label"], (a["tokens"], a["us"]), fontsize=6, xytext=(4, 4), textcoords="offset points")
-    if any(True for _ in _anchors(bench)):
-        ax.scatter([], [], marker="x", color="black", label="published anchor (its shape in the label)")
+    anchor_markers = "xP*Dv^<>sp"
+    for i, a in enumerate(a for a in _anchors(bench) if not a.get("op") or a["op"] in ops):
+        ax.scatter([a["tokens"]], [a["us"]], marker=anchor_markers[i % len(anchor_markers)], s=50, color="black",
+                   zorder=5, label=f"published anchor: {a['label']}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens")
     ax.set_ylabel("us per call")
-    ax.set_title(f"{bench}: PROJECTED MI355X time (cost model, not measured)")
+    ax.set_title(f"{bench}: PROJECTED MI355X time (cost model, not measured)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, which="both", lw=0.3)
     fig.tight_layout()
