@@ -3,7 +3,9 @@
   python -m harness run regimes/<model>.toml [--tokens 1,8,64] [--no-exec]
       warm up every kernel the regime names, then print one table per op and shape: warm-up (compile)
       time, ISA card of each variant, and, where a GPU or the emulator executes, cosine, determinism and
-      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py).
+      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py;
+      multi-rank ops: each rank projects its own launches; the range over ranks is shown, its low end the
+      rank that waited least for its peers, i.e. ranks arriving together).
   python -m harness run regimes/<model>.toml --layer [--tp 1] [--tokens 1,8,64,256]
       the regime's decoder layer ([[layer]]): each step's entry, its warm-up time, and at each decode token
       count the kernels it launches, the cost model's projected us and the floor, per step and in total
@@ -131,9 +133,12 @@ def _run_multirank(pkg, shape, wanted_tokens) -> bool:
         bad = res.failures(OPS[shape.op].cosine_min)
         failed |= bool(bad)
         cos = " ".join(f"{n}={v:.6f}" for n, v in res.cosines.items())
+        # the least-waiting rank: an emulated rank that starts early polls flags for the emulator's time
+        projected = (f"{min(res.projected_us):.2f}-{max(res.projected_us):.2f}" if res.projected_us else "-")
         rows.append([c.tokens, c.real, cos, "yes" if res.ranks_equal else "NO",
-                     "yes" if res.repeat_equal else "NO", "ok" if not bad else "; ".join(bad)])
-    print(_table(["tokens", "real", "cosine", f"{pkg.ranks} ranks equal", "repeat equal", "result"], rows))
+                     "yes" if res.repeat_equal else "NO", projected, "ok" if not bad else "; ".join(bad)])
+    print(_table(["tokens", "real", "cosine", f"{pkg.ranks} ranks equal", "repeat equal",
+                  "projected us (ranks: least-most waiting)", "result"], rows))
     return failed
 
 

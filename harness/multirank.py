@@ -43,6 +43,8 @@ class MultiRankResult:
     rows_real: int = 0
     compiles_after_warm_up: list = field(default_factory=list)
     counters: list = field(default_factory=list)  # per rank: bytes loaded / stored by the kernel launches
+    # per rank: the cost model's projected MI355X us of the first run (benchmarks/costmodel.py; emulator only)
+    projected_us: list = field(default_factory=list)
 
     def failures(self, cosine_min: float) -> list[str]:
         out = [f"{n}: cosine {c:.6f} < {cosine_min}" for n, c in self.cosines.items() if not c >= cosine_min]
@@ -99,7 +101,7 @@ def _cases(entry, comm, rank, op, dims, counts, emulated) -> list:
     out = []
     for tokens, real, seed in counts:
         inputs = OPS[op].build_inputs(tokens, dims, seed)
-        runs, counters = [], []
+        runs, counters, projected = [], [], None
         for attempt, case_inputs in enumerate((inputs, _pad(inputs, real))):
             mine = {k: (v[rank].contiguous() if k == "x" else v) for k, v in case_inputs.items()}
             if not emulated:
@@ -110,8 +112,18 @@ def _cases(entry, comm, rank, op, dims, counts, emulated) -> list:
             runs.append(tuple(o.cpu() for o in _as_tuple(outputs)))
             counters.append([{"kernel": r.kernel_name, **{k: r.counters[k] for k in COUNTER_KEYS}}
                              for r in records])
-        out.append({"runs": runs, "counters": counters[0]})
+            if attempt == 0 and records:
+                projected = _project(records, mine["x"], comm.ranks)
+        out.append({"runs": runs, "counters": counters[0], "projected_us": projected})
     return out
+
+
+def _project(records, x, ranks: int):
+    """This rank's projected us (in the rank process, where the kernels' code objects are loaded): a one-stage
+    all-reduce pulls every peer's partial, (ranks - 1) x the bytes of x, over the links."""
+    from benchmarks import costmodel
+
+    return costmodel.project_records(records, link_bytes=(ranks - 1) * x.numel() * x.element_size())["us"]
 
 
 def _call(entry, inputs, comm, emulated, order_seed):
@@ -155,6 +167,8 @@ def _judge(op, dims, tokens, real, seed, results) -> MultiRankResult:
                     else:
                         res.repeat_equal = False
         res.counters.append(rr["counters"])
+        if rr.get("projected_us") is not None:
+            res.projected_us.append(rr["projected_us"])
         res.compiles_after_warm_up += rr["compiles_after_warm_up"]
     inputs = spec.build_inputs(tokens, dims, seed)
     ref_inputs = {k: (v[:, :real] if k == "x" else v[:real] if k in spec.row_inputs else v)
@@ -198,10 +212,14 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
     catch("too_many_tokens", lambda: entry(**mine))
     small = {**{k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mine.items()}}
     catch("dtype", lambda: entry(**{**small, "residual": small["residual"].float()}))
+    from amd_kernels import host
+
     os.environ["AMD_KERNELS_CHECK_RANKS"] = "1"  # the host-side cross-rank check (a debugging mode)
+    host.reload_env()  # the host code reads its switches once per process
     uneven = {**mine, "x": mine["x"][: 3 if rank == 0 else 2], "residual": mine["residual"][: 3 if rank == 0 else 2]}
     catch("uneven_tokens", lambda: entry(**uneven))
     del os.environ["AMD_KERNELS_CHECK_RANKS"]
+    host.reload_env()
     if rank != world - 1:
         from harness import emulator
 

@@ -241,10 +241,17 @@ def test_bad_input_names_the_argument(shape, monkeypatch):
     with pytest.raises(ValueError, match=f"^{first}: .*device meta"):
         entry(**meta)
     # A tensor on the host: on a GPU, move one; under the emulator, host tensors stop being accepted.
+    from amd_kernels import host
+
     if devices.current().emulated:
         monkeypatch.delenv(devices.DEVICE_ENV)
-    with pytest.raises(ValueError, match=f"^{first}: .*device"):
-        entry(**{**inputs, first: inputs[first].cpu()})
+        host.reload_env()  # the host code reads AMD_KERNELS_DEVICE once per process
+    try:
+        with pytest.raises(ValueError, match=f"^{first}: .*device"):
+            entry(**{**inputs, first: inputs[first].cpu()})
+    finally:
+        monkeypatch.undo()
+        host.reload_env()
 
 
 def _invariance_param(shape, cancelling):

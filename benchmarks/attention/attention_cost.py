@@ -1,5 +1,6 @@
-"""The minimum cost of a decode batch of paged attention: every K/V byte a query needs read once (the last
-`sliding_window` keys in window layers), q read and out written once, the metadata and sinks read once."""
+"""The minimum cost of paged attention: decode batches (every K/V byte a query needs read once, the last
+`sliding_window` keys in window layers, q read and out written once, the metadata and sinks read once) and
+prefill batches (the causal / window triangle of MFMA work)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ BLOCK = 64
 MFMA_MACS = 16 * 16 * 32
 
 
+# the floor's compute rate: dense bf16 MFMA on MI355X (issue 13's 2.5 PFLOP/s)
+BF16_FLOPS_PER_S = 2.5e15
+
 def paged_decode_cost(batch: int, dims: dict, kv_bytes: int = 2) -> Cost:
     """kv_bytes: bytes per cached element (2: bf16 tier; 1: fp8 tier, which also reads k_scale and v_scale)."""
     hq, hkv = int(dims["query_heads"]), int(dims["kv_heads"])
@@ -21,11 +25,9 @@ def paged_decode_cost(batch: int, dims: dict, kv_bytes: int = 2) -> Cost:
     qo = 2 * batch * hq * HEAD_DIM * 2
     meta = (batch + 1) * 4 + batch * 4 + batch * -(-keys // BLOCK) * 4 + hq * 4
     macs = 2 * batch * hq * keys * HEAD_DIM  # Q K^T and P V
-    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=batch * hq * HEAD_DIM * 2)
+    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=batch * hq * HEAD_DIM * 2,
+                flops_per_s=BF16_FLOPS_PER_S)
 
-
-# the prefill tier's floor: dense bf16 MFMA on MI355X (the issue's 2.5 PFLOP/s)
-BF16_FLOPS_PER_S = 2.5e15
 
 
 def prefill_keys(q_len: int, seq_len: int, window: int) -> int:
@@ -48,4 +50,5 @@ def paged_prefill_cost(tokens: int, dims: dict) -> Cost:
     qo = 2 * sum(q_lens) * hq * HEAD_DIM * 2
     meta = 2 * len(q_lens) * 4 + 4 + sum(-(-L // BLOCK) for L in seq_lens) * 4 + hq * 4
     macs = 2 * kept * hq * HEAD_DIM  # Q K^T and P V
-    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=sum(q_lens) * hq * HEAD_DIM * 2)
+    return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=sum(q_lens) * hq * HEAD_DIM * 2,
+                flops_per_s=BF16_FLOPS_PER_S)

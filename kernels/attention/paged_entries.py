@@ -9,7 +9,6 @@ and must have every q_len <= 1; any other batch runs both launches, each skippin
 (No `from __future__ import annotations`: torch.library reads the entry's annotations as types.)
 """
 
-import os
 from types import SimpleNamespace
 
 import torch
@@ -113,9 +112,9 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         host.check_tensor("sinks", sinks, dtype=torch.float32, shape=(Hq,), like=q)
         if sliding_window not in WINDOWS.values():
             raise ValueError(f"sliding_window: expected one of {sorted(WINDOWS.values())}, got {sliding_window}")
-        if host.is_fake(q) or q.device.type == "meta":
+        if host.no_data(q):
             pass  # no data to read (torch.compile tracing, meta tensors)
-        elif q.device.type == "cpu" or (os.environ.get(CHECK_VALUES_ENV) == "1"
+        elif q.device.type == "cpu" or (host.env_flag(CHECK_VALUES_ENV)
                                         and not torch.cuda.is_current_stream_capturing()):
             _check_values(cu_seqlens_q, seq_lens, block_table, key_cache.shape[0], B == T)
         return torch.empty((T, Hq, D), dtype=torch.bfloat16, device=q.device)

@@ -68,9 +68,9 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         # x_scales is read one byte at a time, so any byte offset (a row slice) is fine.
         host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x, align=1)
         host.check_tensor("w_packed", w_packed, dtype=torch.float8_e4m3fn, shape=(N // 16, K // 64, 1024), like=x,
-                          hint=weight_hint(w_packed, (N // 16, K // 64, 1024), lambda kk: kk * 64))
+                          hint=lambda: weight_hint(w_packed, (N // 16, K // 64, 1024), lambda kk: kk * 64))
         host.check_tensor("w_scales_packed", w_scales_packed, dtype=torch.uint8, shape=(N // 16, STEPS, 64),
-                          like=x, hint=weight_hint(w_scales_packed, (N // 16, STEPS, 64), None))
+                          like=x, hint=lambda: weight_hint(w_scales_packed, (N // 16, STEPS, 64), None))
         host.check_tensor("bias", bias, dtype=torch.bfloat16, shape=(N,), like=x)
         return tokens
 

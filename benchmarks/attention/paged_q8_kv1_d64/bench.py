@@ -15,3 +15,14 @@ TOKENS = (1, 8)
 
 def cost(m: int, dims: dict = DIMS):
     return paged_prefill_cost(m, dims) if "prefill_sequences" in dims else paged_decode_cost(m, dims)
+
+
+def _flashinfer_anchor() -> float:
+    """Issue 12's anchor: FlashInfer reaches 5.83 TB/s on B200 at 64 sequences x 4096 keys with sinks (a
+    bandwidth on another GPU, not an MI355X time): this shape's minimum bytes at that bandwidth, in us."""
+    dims = {**DIMS, "context_lengths": [4096], "sliding_window": 0}
+    return paged_decode_cost(64, dims).min_bytes / 5.83e12 * 1e6
+
+
+ANCHORS = [{"tokens": 64, "us": round(_flashinfer_anchor(), 2),
+            "label": "64 seq x 4096 keys at FlashInfer's B200 5.83 TB/s (issue 12)"}]

@@ -7,7 +7,6 @@ same token count, after amd_kernels.comm.communicator.create(group) on all 8 ran
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
 
-import os
 
 import torch
 
@@ -67,7 +66,7 @@ def _stage(op: str, x: torch.Tensor, residual=None, weight=None):
         raise ValueError(f"x: on device {x.device}, but the communicator's buffers are on {comm.device}")
     if tokens > comm.max_tokens:
         raise ValueError(f"x: {tokens} tokens, above the communicator's registered buffer of {comm.max_tokens}")
-    if os.environ.get(CHECK_RANKS_ENV, "") not in ("", "0"):
+    if host.env_flag(CHECK_RANKS_ENV):
         _check_across_ranks(comm, op, x)
     staged = comm.inputs[comm.rank]
     if tokens and x.data_ptr() != staged.data_ptr():
