@@ -18,7 +18,8 @@ own partial (the op's builder takes `dims["only_rank"]`: 8192 tokens would be 8 
   SAMPLE_WORKGROUPS workgroups, the same on every rank (a workgroup waits only for the peers' workgroup of
   the same index), and only the rows those produce (the package's `emulator_rows`) are compared;
 - a package with tiers by token count (`TWO_STAGE_MIN_TOKENS`) gives the same bytes for every row just below
-  and at the tier edge (the same inputs at edge - 1 and edge tokens): crossing the edge changes no row.
+  and at the tier edge (the same inputs at edge - 1 and edge tokens): crossing the edge changes no row (the
+  upper call also takes x in place, from the communicator's `input_buffer`).
 """
 
 from __future__ import annotations
@@ -150,12 +151,16 @@ def _cases(entry, mod, comm, rank, op, dims, counts, emulated, sample_above) -> 
 
 
 def _tier_edge(entry, comm, rank, op, dims, edge, emulated) -> bool:
-    """The same rows at edge - 1 tokens (the lower tier) and at edge tokens (the upper tier): equal bytes?"""
+    """The same rows at edge - 1 tokens (the lower tier, x copied in) and at edge tokens (the upper tier, x
+    already in the registered buffer: `input_buffer`): equal bytes?"""
     inputs = OPS[op].build_inputs(edge, dims, 4242)
     below = {k: (v[:, : edge - 1] if k == "x" else v[: edge - 1] if k in OPS[op].row_inputs else v)
              for k, v in inputs.items()}
     lo, _ = _call(entry, _mine(below, rank, emulated), comm, emulated, order_seed=1, sanitize=False)
-    hi, _ = _call(entry, _mine(inputs, rank, emulated), comm, emulated, order_seed=2, sanitize=False)
+    upper = _mine(inputs, rank, emulated)
+    staged = comm.input_buffer(edge)  # the upper call takes its input in place (the producer-writes-there path)
+    staged.copy_(upper["x"])
+    hi, _ = _call(entry, {**upper, "x": staged}, comm, emulated, order_seed=2, sanitize=False)
     return all(torch.equal(_bytes(a), _bytes(b[: edge - 1])) for a, b in zip(_as_tuple(lo), _as_tuple(hi)))
 
 

@@ -17,11 +17,17 @@ call never satisfies a wait and no flag is ever reset: CUDA-graph replays (same 
 time) see fresh epochs. Stores of flags are release/system-scope, loads acquire/system-scope; no atomics.
 Every rank must call with the same token count M (the same workgroups run everywhere).
 
+The two-stage kernels (large M; the section "Two-stage" below) sum each row the same way on its owner rank
+and gather the bf16 sums, so a row's bits are the same in both tiers.
+
 Launchers (every tensor row-major and contiguous; M the runtime token count; blocks = grid_blocks(M)):
   allreduce(x0..x7, s0..s7, me, out, M, rank, blocks, stream)
   fused_add_rmsnorm(x0..x7, s0..s7, me, residual, weight, out, residual_out, M, rank, eps, blocks, stream)
   fused_add_rmsnorm_mxfp8(x0..x7, s0..s7, me, residual, weight, q, scales, residual_out, M, rank, eps, blocks,
                           stream)
+  allreduce_two_stage / fused_add_rmsnorm_two_stage / fused_add_rmsnorm_mxfp8_two_stage: the same with the 8
+  sums buffers y0..y7 and ymine = y_rank after `me`, and (blocks, ngroups) = (grid_blocks_two_stage(M),
+  groups(M)) in place of blocks
 with x_r: rank r's input buffer as mapped here (bf16 [capacity, 2880], rows 0..M-1 live), s_r: rank r's signal
 buffer (int32), me = s_rank; residual, out, residual_out bf16 [M, 2880]; weight bf16 [2880]; q float8_e4m3fn
 [M, 2880]; scales uint8 [M, 90].
