@@ -137,3 +137,15 @@ def test_the_judge_catches_a_rank_that_differs_and_a_wrong_sum():
     runs = [{"runs": [(bad,)] * 2, "counters": [], "compiles_after_warm_up": []}] * 8  # all agree, all wrong
     fails = multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999)
     assert fails == ["sum: not bitwise equal to the reference"]
+    # one rank saw other bytes across the tier edge
+    runs = [{"runs": [(good.clone(),)] * 2, "counters": [], "compiles_after_warm_up": [],
+             "tier_edge_equal": r != 5} for r in range(8)]
+    fails = multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999)
+    assert fails == ["the same rows gave other bytes just below and at the tier edge"]
+    # sampled rows: only those are compared with the reference (rows 1 and 2 of 3 here)
+    runs = [{"runs": [(good[[1, 2]].clone(),)] * 2, "counters": [], "compiles_after_warm_up": [], "rows": [1, 2]}
+            for _ in range(8)]
+    res = multirank._judge("allreduce", dims, 3, 3, 9, runs)
+    assert res.failures(0.99999) == [] and res.rows_checked == [1, 2] and res.rows_real == 2
+    runs[0] = {**runs[0], "runs": [(good[[0, 2]].clone(),)] * 2}  # rank 0's rows are not the rows it names
+    assert "sum: not bitwise equal to the reference" in multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(1)
