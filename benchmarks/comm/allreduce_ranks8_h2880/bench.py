@@ -1,11 +1,16 @@
 """comm/allreduce_ranks8_h2880: the TP8 all-reduce (alone, and fused with add + RMSNorm, bf16 or MXFP8 out).
 Run: python3 -m benchmarks.runner comm/allreduce_ranks8_h2880 --tokens 1,4,8   (8 emulated rank processes)
 
-Per rank. Link: every peer's partial, 7 x M x 5760 B, over the 7 xGMI links in parallel (the one-stage floor
-of kernels/comm/allreduce_ranks8_h2880/README.md, without the flag round trip, which has no published figure).
-HBM: the 8 partials read once (the peers' from their HBM) plus the norm's bytes (benchmarks/norm/norm_cost.py).
+Per rank, the minimum of the tier the package picks for M (kernels/comm/allreduce_ranks8_h2880/README.md),
+without the flag round trips (no published per-hop latency):
+- one-stage: link 7 x M x 5760 B (every peer's partial) over the 7 xGMI links in parallel; HBM the 8
+  partials read once plus the norm's bytes (benchmarks/norm/norm_cost.py);
+- two-stage: link 2 x 7/8 x M x 5760 B (the reduce-scatter of row groups, then the all-gather of the summed
+  rows); HBM the rank's M/8 rows of all 8 partials, its summed rows written, all M summed rows read back,
+  plus the norm's bytes.
 """
 
+from amd_kernels.comm.allreduce_ranks8_h2880 import tier
 from benchmarks.norm.norm_cost import norm_cost
 from benchmarks.runner import Cost
 
@@ -19,13 +24,18 @@ RANKS = 8
 
 def cost(m: int, dims: dict = DIMS, op: str = OP):
     h = dims["hidden"]
-    partials = RANKS * 2 * m * h
-    link = (RANKS - 1) * 2 * m * h
+    if tier(m) == "one_stage":
+        partials = RANKS * 2 * m * h
+        link = (RANKS - 1) * 2 * m * h
+    else:  # a rank's row group of every partial, its sums written, every summed row read back
+        partials = 2 * m * h + 2 * 2 * m * h // RANKS + 2 * m * h
+        link = 2 * (RANKS - 1) * 2 * m * h // RANKS
     if op == "allreduce":
         return Cost(partials + 2 * m * h, 0, 0, 2 * m * h, link_bytes=link)
     norm = norm_cost(m, h, op[len("allreduce_"):])
-    # the norm's x is the sum, never read from memory: its bytes minus one read of x
+    # the norm's x is the sum, never read again from memory: its bytes minus one read of x
     return Cost(partials + norm.min_bytes - 2 * m * h, norm.flops, 0, norm.min_write_bytes, link_bytes=link)
+
 
 # Published MI355X TP8 figures (issue 14; at other hidden sizes, named in each label), for the runner's --plot.
 ANCHORS = ([{"op": "allreduce", "tokens": 4, "us": 6.4, "label": "vLLM custom AR dim 3072: 6.4 us"}]
