@@ -206,8 +206,8 @@ def _weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> 
     def blocks(n, k):
         return torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
 
-    def scales(n, k, byte):
-        return (byte + torch.randint(-1, 2, (experts, n, k // MX_BLOCK), generator=gen)).to(torch.uint8)
+    def scales(n, k, byte):  # byte - 1 .. byte + 1, drawn as uint8 (an int64 draw is 8x the bytes)
+        return torch.randint(byte - 1, byte + 2, (experts, n, k // MX_BLOCK), dtype=torch.uint8, generator=gen)
 
     w = {
         "w13_blocks": blocks(two_i, hidden),
