@@ -81,7 +81,7 @@ def _shuffle_b(blocks: torch.Tensor, scales: torch.Tensor, k_pad: int):
 
 def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias, *, activation: str,
                     hidden: int, intermediate: int, experts: int, tp_size: int = 1, tp_rank: int = 0,
-                    experts_per_chunk: int = 8) -> dict:
+                    experts_per_chunk: int = 2) -> dict:
     """Checkpoint tensors -> {w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard} (see the module docstring).
 
     hidden, intermediate (unsharded) and experts are the package's shape; the tensors are the full checkpoint
