@@ -18,6 +18,9 @@ def pytest_configure(config):
 
     dev = device.setup()
     config._amd_kernels_device = dev
+    from harness import memory
+
+    memory.return_freed_memory()
 
 
 def pytest_report_header(config):
