@@ -66,6 +66,8 @@ def pytest_runtest_teardown(item, nextitem):
     peak = memory.status_kib("VmHWM")
     if nextitem is None or not _shares_inputs(item, nextitem):
         memory.release_caches()
+    else:
+        memory.trim()
     limit = memory.limit_mib()
     if limit and peak > limit * 1024 >= getattr(item, "_amd_kernels_peak_start", 0):
         pytest.fail(f"{item.nodeid}: this test process (pid {os.getpid()}) reached a peak RSS of {peak // 1024} "
