@@ -34,7 +34,7 @@ if [ "${1:-}" = "--setup" ]; then
   _amdk_setup || { echo "env.sh: set-up failed" >&2; exit 1; }
 fi
 
-eval "$(cd "$_amdk_root" && python3 -m harness.toolchain)" || return 1 2>/dev/null || exit 1
+eval "$(cd "$_amdk_root" && python3 -m harness.importer)" || return 1 2>/dev/null || exit 1
 export PYTHONPATH="$_amdk_root:$AMD_KERNELS_IMPORT_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then

@@ -104,11 +104,6 @@ def _hint(hint) -> str:
     return f" ({hint})" if hint else ""
 
 
-def check_rows(name: str, t: torch.Tensor, rows: int) -> None:
-    if t.shape[0] != rows:
-        raise ValueError(f"{name}: expected {rows} rows (the token count of x), got {t.shape[0]}")
-
-
 # Masked lanes store at this byte offset past their descriptor's end (amd_kernels.common.buffer); byte offsets
 # within one descriptor are i32. A descriptor over a whole tensor therefore bounds it to OOB_OFFSET bytes.
 OOB_OFFSET = 0x7FFFFFF0
