@@ -10,7 +10,6 @@ are harness/test_layer.py's and harness/layer_bound.py's.
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
 
 import pytest
@@ -94,9 +93,6 @@ def _gather_tp8(per_rank: list) -> dict:
     return out
 
 
-@pytest.mark.skipif(os.environ.get("AMD_KERNELS_LAYER_TP8") != "1",
-                    reason="opt-in (AMD_KERNELS_LAYER_TP8=1): 8 rank processes of ~0.7 GB each; not yet run to the "
-                           "end on the shared machine (stopped twice when its memory ran short)")
 def test_decode_chain_tp8():
     """The TP8 decode chain on 8 emulated ranks, window (first) and full layer, LAYER_STEPS steps each: per step
     the layer output (ranks' MoE partials summed) and residual against the TP1 layer reference within the
