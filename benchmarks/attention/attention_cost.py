@@ -52,3 +52,12 @@ def paged_prefill_cost(tokens: int, dims: dict) -> Cost:
     macs = 2 * kept * hq * HEAD_DIM  # Q K^T and P V
     return Cost(kv + qo + meta, 2 * macs, -(-macs // MFMA_MACS), min_write_bytes=sum(q_lens) * hq * HEAD_DIM * 2,
                 flops_per_s=BF16_FLOPS_PER_S)
+
+
+def flashinfer_anchors(dims: dict) -> list[dict]:
+    """Issue 12's anchor for a package's --plot: FlashInfer reaches 5.83 TB/s on B200 at 64 sequences x 4096
+    keys with sinks (a bandwidth on another GPU, not an MI355X time), as this shape's minimum bytes at that
+    bandwidth, in us."""
+    cost = paged_decode_cost(64, {**dims, "context_lengths": [4096], "sliding_window": 0})
+    return [{"tokens": 64, "us": round(cost.min_bytes / 5.83e12 * 1e6, 2),
+             "label": "64 seq x 4096 keys at FlashInfer's B200 5.83 TB/s (issue 12)"}]

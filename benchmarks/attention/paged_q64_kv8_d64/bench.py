@@ -5,7 +5,7 @@ Prefill (tokens = new tokens split over prefill_sequences equal sequences, each 
 --tokens 4096 --dims '{"query_heads": 64, "kv_heads": 8, "prefill_sequences": 16, "prefill_uniform": true,
 "cached_prefix": [0], "sliding_window": 0}'"""
 
-from benchmarks.attention.attention_cost import paged_decode_cost, paged_prefill_cost
+from benchmarks.attention.attention_cost import flashinfer_anchors, paged_decode_cost, paged_prefill_cost
 
 PACKAGE = "attention/paged_q64_kv8_d64"
 OP = "paged_attention"
@@ -17,12 +17,4 @@ def cost(m: int, dims: dict = DIMS):
     return paged_prefill_cost(m, dims) if "prefill_sequences" in dims else paged_decode_cost(m, dims)
 
 
-def _flashinfer_anchor() -> float:
-    """Issue 12's anchor: FlashInfer reaches 5.83 TB/s on B200 at 64 sequences x 4096 keys with sinks (a
-    bandwidth on another GPU, not an MI355X time): this shape's minimum bytes at that bandwidth, in us."""
-    dims = {**DIMS, "context_lengths": [4096], "sliding_window": 0}
-    return paged_decode_cost(64, dims).min_bytes / 5.83e12 * 1e6
-
-
-ANCHORS = [{"tokens": 64, "us": round(_flashinfer_anchor(), 2),
-            "label": "64 seq x 4096 keys at FlashInfer's B200 5.83 TB/s (issue 12)"}]
+ANCHORS = flashinfer_anchors(DIMS)
