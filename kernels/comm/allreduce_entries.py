@@ -1,4 +1,5 @@
-"""TP8 all-reduce for hidden size 2880: allreduce, allreduce_fused_add_rmsnorm, allreduce_fused_add_rmsnorm_mxfp8.
+"""Host code of comm/allreduce_ranks8_h2880 (the family's device code is allreduce.py, written for its one
+shape so far): allreduce, allreduce_fused_add_rmsnorm, allreduce_fused_add_rmsnorm_mxfp8.
 
 Entries (torch.ops.amd_kernels.allreduce_ranks8_h2880_<entry>; README.md has the arguments): each rank calls
 with its own partial x [tokens, 2880] and gets the full result; every rank must call the same entry with the
@@ -7,16 +8,16 @@ same token count, after amd_kernels.comm.communicator.create(group) on all 8 ran
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
 
+from types import SimpleNamespace
 
 import torch
 
 from amd_kernels import host, warm_up
+from amd_kernels.comm import allreduce as kernel
 from amd_kernels.comm import communicator
-from amd_kernels.comm.allreduce_ranks8_h2880 import kernel
 
 H = kernel.H
 OPS = ("allreduce", "allreduce_fused_add_rmsnorm", "allreduce_fused_add_rmsnorm_mxfp8")
-VARIANTS = warm_up.VariantTable(__name__, {k: warm_up.Variant(*v) for k, v in kernel.VARIANTS.items()})
 
 
 # From this many tokens the two-stage tier (reduce-scatter, then all-gather: 2 x 7/8 of the rows over xGMI
@@ -115,54 +116,10 @@ def _grid(tier_name: str, tokens: int) -> tuple:
     return (kernel.grid_blocks(tokens),)
 
 
-@warm_up.entry(VARIANTS, _modes("allreduce"), _mode_of)
-def _allreduce(x: torch.Tensor) -> torch.Tensor:
-    comm, tokens = _stage("allreduce", x)
-    out = torch.empty_like(x)
-    if tokens:
-        t = tier(tokens)
-        VARIANTS[f"allreduce.{t}"](*_buffers(comm, t), out, tokens, comm.rank, *_grid(t, tokens), host.stream_of(x))
-    return out
-
-
-@warm_up.entry(VARIANTS, _modes("allreduce_fused_add_rmsnorm"), _mode_of)
-def _fused(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    comm, tokens = _stage("allreduce_fused_add_rmsnorm", x, residual, weight)
-    out, residual_out = torch.empty_like(x), torch.empty_like(x)
-    if tokens:
-        t = tier(tokens)
-        VARIANTS[f"allreduce_fused_add_rmsnorm.{t}"](
-            *_buffers(comm, t), residual, weight, out, residual_out, tokens, comm.rank, eps, *_grid(t, tokens),
-            host.stream_of(x),
-        )
-    return out, residual_out
-
-
 def _mx_outputs(x):
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((x.shape[0], H // 32), dtype=torch.uint8, device=x.device)
     return q, scales
-
-
-@warm_up.entry(VARIANTS, _modes("allreduce_fused_add_rmsnorm_mxfp8"), _mode_of)
-def _fused_mx(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    comm, tokens = _stage("allreduce_fused_add_rmsnorm_mxfp8", x, residual, weight)
-    q, scales = _mx_outputs(x)
-    residual_out = torch.empty_like(x)
-    if tokens:
-        t = tier(tokens)
-        VARIANTS[f"allreduce_fused_add_rmsnorm_mxfp8.{t}"](
-            *_buffers(comm, t), residual, weight, q, scales, residual_out, tokens, comm.rank, eps, *_grid(t, tokens),
-            host.stream_of(x),
-        )
-    return q, scales, residual_out
-
-
-_NS = "amd_kernels::allreduce_ranks8_h2880_"
 
 
 # The fakes run the same tensor checks as the entries (the communicator's own checks need its buffers).
@@ -181,7 +138,55 @@ def _fake_fused_mx(x, residual, weight, eps):
     return (*_mx_outputs(x), torch.empty_like(x))
 
 
-allreduce = host.custom_op(_NS + "allreduce", _allreduce, _fake_allreduce)
-allreduce_fused_add_rmsnorm = host.custom_op(_NS + "allreduce_fused_add_rmsnorm", _fused, _fake_fused)
-allreduce_fused_add_rmsnorm_mxfp8 = host.custom_op(_NS + "allreduce_fused_add_rmsnorm_mxfp8", _fused_mx,
-                                                   _fake_fused_mx)
+def build(package: str) -> SimpleNamespace:
+    """The VARIANTS table and the three entries of the package `package` (its `__name__`, which must export
+    the returned VARIANTS)."""
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel.VARIANTS.items()})
+
+    @warm_up.entry(table, _modes("allreduce"), _mode_of)
+    def _allreduce(x: torch.Tensor) -> torch.Tensor:
+        comm, tokens = _stage("allreduce", x)
+        out = torch.empty_like(x)
+        if tokens:
+            t = tier(tokens)
+            table[f"allreduce.{t}"](*_buffers(comm, t), out, tokens, comm.rank, *_grid(t, tokens),
+                                    host.stream_of(x))
+        return out
+
+    @warm_up.entry(table, _modes("allreduce_fused_add_rmsnorm"), _mode_of)
+    def _fused(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        comm, tokens = _stage("allreduce_fused_add_rmsnorm", x, residual, weight)
+        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        if tokens:
+            t = tier(tokens)
+            table[f"allreduce_fused_add_rmsnorm.{t}"](
+                *_buffers(comm, t), residual, weight, out, residual_out, tokens, comm.rank, eps, *_grid(t, tokens),
+                host.stream_of(x),
+            )
+        return out, residual_out
+
+    @warm_up.entry(table, _modes("allreduce_fused_add_rmsnorm_mxfp8"), _mode_of)
+    def _fused_mx(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        comm, tokens = _stage("allreduce_fused_add_rmsnorm_mxfp8", x, residual, weight)
+        q, scales = _mx_outputs(x)
+        residual_out = torch.empty_like(x)
+        if tokens:
+            t = tier(tokens)
+            table[f"allreduce_fused_add_rmsnorm_mxfp8.{t}"](
+                *_buffers(comm, t), residual, weight, q, scales, residual_out, tokens, comm.rank, eps,
+                *_grid(t, tokens), host.stream_of(x),
+            )
+        return q, scales, residual_out
+
+    ns = f"amd_kernels::{host.shape_token(package)}_"
+    return SimpleNamespace(
+        VARIANTS=table,
+        allreduce=host.custom_op(ns + "allreduce", _allreduce, _fake_allreduce),
+        allreduce_fused_add_rmsnorm=host.custom_op(ns + "allreduce_fused_add_rmsnorm", _fused, _fake_fused),
+        allreduce_fused_add_rmsnorm_mxfp8=host.custom_op(ns + "allreduce_fused_add_rmsnorm_mxfp8", _fused_mx,
+                                                         _fake_fused_mx),
+    )

@@ -1,7 +1,8 @@
 """MXFP8 x MXFP8 GEMM with preshuffled weights, y[M, N] = x @ w^T + bias (bf16 out, fp32 accumulation).
 
-Shared by the packages gemm/mxfp8_n<N>_k<K>: `build(N, K, name, tier)` returns the FlyDSL launcher of one
-tier of one shape (one launch per call). The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
+Shared by the packages gemm/mxfp8_n<N>_k<K> (host code: mxfp8_gemm_entries.py): `build(N, K, name, tier)`
+returns the FlyDSL launcher of one tier of one shape (one launch per call), `variants(N, K, tiers, chunk)`
+all of a shape's. The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
 `prepare_weights` below (run once at load time).
 
 Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N, K], w_scales [N, K/32]):
@@ -54,6 +55,7 @@ result is bitwise that of a one-wave direct tier).
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
 
+import os
 from dataclasses import dataclass
 
 import flydsl.compiler as flyc
@@ -376,3 +378,29 @@ def prepare_weights(w: torch.Tensor, w_scales: torch.Tensor) -> tuple[torch.Tens
     sc[:, : k // 32] = w_scales
     sp = sc.reshape(n // 16, 16, st, 4).permute(0, 2, 3, 1)  # [block, step, g, r]
     return w_packed, sp.contiguous().reshape(n // 16, st, 64)
+
+
+# Set to 1 (before import) to let each tier sum K in its own split, as before issue 19: a few percent fewer
+# instructions in the tiers that run several K chunks in one wave, and fewer VGPRs, but a row's bits then
+# depend on the token count (not batch invariant). Unset: every tier sums in the package's CHUNK_STEPS.
+BATCH_VARIANT_ENV = "AMD_KERNELS_GEMM_BATCH_VARIANT"
+
+
+def variants(N: int, K: int, tiers: dict, chunk: int | None = None) -> dict:
+    """VARIANTS: tier name -> (launcher, example-args function) for warm-up. `chunk`: 128-K steps per K
+    chunk, shared by every tier (build); ignored under BATCH_VARIANT_ENV=1."""
+    if os.environ.get(BATCH_VARIANT_ENV, "") == "1":
+        chunk = None
+    out = {}
+    for name, tier in tiers.items():
+        launcher = build(N, K, f"n{N}_k{K}_{name}", tier, chunk)
+
+        def example(m: int = 1):
+            return (torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),
+                    torch.zeros(N // 16, K // 64, 1024, dtype=torch.float8_e4m3fn),
+                    torch.zeros(N // 16, steps(K), 64, dtype=torch.uint8),
+                    torch.zeros(N, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16), m,
+                    fx.Stream(None))
+
+        out[name] = (launcher, example)
+    return out

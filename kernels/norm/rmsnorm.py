@@ -1,4 +1,5 @@
-"""RMSNorm family for hidden size 2880 on MI355X (gfx950, wave64), bf16 in/out, fp32 math.
+"""RMSNorm family on MI355X (gfx950, wave64), bf16 in/out, fp32 math: the device code of every
+norm/rmsnorm_h<H> package (the hidden size H is the only thing a shape changes).
 
 Ops (y = r * rstd * w in fp32, rstd = 1 / sqrt(mean(r^2) + eps)):
   rmsnorm                  r = x;                         out = bf16(y)
@@ -6,28 +7,33 @@ Ops (y = r * rstd * w in fp32, rstd = 1 / sqrt(mean(r^2) + eps)):
   rmsnorm_mxfp8            r = x;                         (q, scales) = MXFP8(y), y not rounded to bf16
   fused_add_rmsnorm_mxfp8  r = bf16(x + residual), residual_out = r; (q, scales) = MXFP8(y)
 
-Launchers (one per op and tier; every tensor row-major and contiguous, allocated by the host; M is the
-runtime token count and only sizes the grid; eps is a runtime fp32; stream is optional):
-  rmsnorm_{decode,prefill}(x, weight, out, M, eps, stream)
-  fused_add_rmsnorm_{decode,prefill}(x, residual, weight, out, residual_out, M, eps, stream)
-  rmsnorm_mxfp8_{decode,prefill}(x, weight, q, scales, M, eps, stream)
-  fused_add_rmsnorm_mxfp8_{decode,prefill}(x, residual, weight, q, scales, residual_out, M, eps, stream)
-with x, residual, out, residual_out: bf16 [M, 2880]; weight: bf16 [2880]; q: float8_e4m3fn [M, 2880];
-scales: uint8 [M, 90] (E8M0, one per 32 consecutive elements of a row).
-`VARIANTS["<op>.<tier>"] = (launcher, example_args_fn)` lists them for the host; tier "decode" is meant for
-M <= 512 (`warm_up.DECODE_MAX_TOKENS`), "prefill" for larger M.
+`variants(H)` builds the launchers, `VARIANTS["<op>.<tier>"] = (launcher, example_args_fn)` for the host
+(norm/rmsnorm_entries.py), one per op and tier; every tensor row-major and contiguous, allocated by the host;
+M is the runtime token count and only sizes the grid; eps is a runtime fp32; stream is optional:
+  rmsnorm(x, weight, out, M, eps, stream)
+  fused_add_rmsnorm(x, residual, weight, out, residual_out, M, eps, stream)
+  rmsnorm_mxfp8(x, weight, q, scales, M, eps, stream)
+  fused_add_rmsnorm_mxfp8(x, residual, weight, q, scales, residual_out, M, eps, stream)
+with x, residual, out, residual_out: bf16 [M, H]; weight: bf16 [H]; q: float8_e4m3fn [M, H];
+scales: uint8 [M, H/32] (E8M0, one per 32 consecutive elements of a row). Tier "decode" is meant for
+M <= 512 (`warm_up.DECODE_MAX_TOKENS`), "prefill" for larger M. `Row(H)` holds the row helpers, which
+comm/allreduce.py reuses for its fused add + RMSNorm.
 
 Design:
-- One wave owns one row. A row is 2880 bf16 = 5760 B = 360 16-byte vectors; lane l loads vectors l, l+64, ...
-  with `buffer_load_dwordx4`, i.e. 6 slots of 1 KiB per row, the wave reading 1 KiB contiguous per slot
-  (fully coalesced). 360 is not a multiple of 64: slot 5 has 40 live lanes. No mask is computed for them:
-  every descriptor is bounded to its own row (base = row start, num_records = row bytes), so the 24 idle lanes
-  of slot 5 read zeros (adding nothing to the sum of squares) and their stores are dropped by the hardware.
-- x (and residual) are read exactly once: the row stays in VGPRs as packed bf16 (24 VGPRs for x) between the
-  sum-of-squares pass and the normalize pass (the second pass re-unpacks it, `bf16.opaque`, rather than
-  keeping 48 VGPRs of fp32 alive). The weight (L2-resident, shared by all rows) is loaded right after x so
-  its latency overlaps the reduction. About 64 VGPRs (8 waves per SIMD) for rmsnorm / rmsnorm_mxfp8, about
-  88 (5 waves per SIMD) for the fused ops, which also hold the residual row in flight.
+- One wave owns one row. A row is H/8 16-byte vectors; lane l loads vectors l, l+64, ... with
+  `buffer_load_dwordx4`, the wave reading 1 KiB contiguous per slot (fully coalesced). When H/8 is not a
+  multiple of 64 (H = 2880: 360 vectors, 6 slots, the last with 40 live lanes) no mask is computed: every
+  descriptor is bounded to its own row (base = row start, num_records = row bytes), so idle lanes read zeros
+  (adding nothing to the sum of squares) and their stores are dropped by the hardware. (H = 6144: 768
+  vectors, exactly 12 slots, no tail; the bounded descriptors cost nothing.)
+- x (and residual) are read exactly once: the row stays in VGPRs as packed bf16 between the sum-of-squares
+  pass and the normalize pass (the second pass re-unpacks it, `bf16.opaque`, rather than keeping twice the
+  VGPRs of fp32 alive). The weight (L2-resident, shared by all rows) is loaded right after x so its latency
+  overlaps the reduction. H = 2880: about 64 VGPRs (8 waves per SIMD) for rmsnorm / rmsnorm_mxfp8, about 88
+  (5 waves per SIMD) for the fused ops, which also hold the residual row in flight. H = 6144: 112-122 VGPRs
+  (4 waves per SIMD), the fused ops about 160 (3 waves per SIMD); each wave then has 24-36 KiB of loads in
+  flight, several times what a CU needs to cover HBM latency, so that occupancy costs no bandwidth, whereas
+  splitting a row over several waves would add an LDS exchange and a barrier.
 - The row sum is a DPP reduction inside the wave (quad perms, row mirrors, row broadcasts, one readlane):
   no LDS, no barrier, no atomics, no scratch.
 - MXFP8: a 32-element block is 4 consecutive lanes x 8 elements = one DPP quad, so the block amax is a
@@ -48,73 +54,75 @@ from flydsl.expr import range_constexpr
 
 from amd_kernels.common import bf16, buffer, mxfp8, norm, wave
 
-H = 2880
 ELEM_BYTES = 2  # bf16
 VEC = buffer.VEC_BYTES // ELEM_BYTES  # 8 bf16 per lane per slot
 LANES = wave.WAVE
-SLOTS = (H // VEC + LANES - 1) // LANES  # 6 (the last one 40/64 lanes live)
 SLOT_BYTES = LANES * buffer.VEC_BYTES  # 1024 B of a bf16 row per slot
 Q_SLOT_BYTES = LANES * VEC  # 512 B of an fp8 row per slot
-SCALES = H // mxfp8.BLOCK  # 90 E8M0 bytes per row
 SCALES_PER_SLOT = LANES // mxfp8.LANES_PER_BLOCK  # 16
 
-DECODE_WAVES = 1
-PREFILL_WAVES = 4
-
-assert H % VEC == 0 and H % mxfp8.BLOCK == 0
+TIER_WAVES = {"decode": 1, "prefill": 4}  # rows (waves) per workgroup
 
 
-def _load_row(rsrc, lane):
-    return [buffer.load_x4(rsrc, lane * buffer.VEC_BYTES + j * SLOT_BYTES) for j in range_constexpr(SLOTS)]
+class Row:
+    """The row helpers for hidden size H: one wave holds a row as SLOTS x Vector 4 x i32 of packed bf16."""
+
+    def __init__(self, H: int):
+        assert H % VEC == 0 and H % mxfp8.BLOCK == 0, H
+        self.H = H
+        self.SLOTS = (H // VEC + LANES - 1) // LANES
+        self.SLOT_BYTES = SLOT_BYTES
+        self.SCALES = H // mxfp8.BLOCK  # E8M0 bytes per row
+
+    def load(self, rsrc, lane):
+        return [buffer.load_x4(rsrc, lane * buffer.VEC_BYTES + j * SLOT_BYTES) for j in range_constexpr(self.SLOTS)]
+
+    def load_inputs(self, lane, row, x_t, res_t, w_t, res_out_t):
+        """Read the row once; for the fused ops add the residual, round to bf16 and write residual_out.
+
+        Returns (r: SLOTS x Vector 4 x i32 of packed bf16, w: same for the weight).
+        """
+        H = self.H
+        xs = self.load(buffer.row_resource(x_t, row, H, ELEM_BYTES), lane)
+        if res_t is not None:
+            rs = self.load(buffer.row_resource(res_t, row, H, ELEM_BYTES), lane)
+        ws = self.load(buffer.tensor_resource(w_t, H * ELEM_BYTES), lane)
+        buffer.keep_issued_above()
+        if res_t is None:
+            return xs, ws
+        res_out = buffer.row_resource(res_out_t, row, H, ELEM_BYTES)
+        summed = []
+        for j in range_constexpr(self.SLOTS):
+            s = bf16.pack(bf16.unpack(xs[j]) + bf16.unpack(rs[j]))
+            buffer.store(s, res_out, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
+            summed.append(s)
+        return summed, ws
+
+    def rstd(self, r, eps):
+        """1 / sqrt(mean(r^2) + eps) over the row held by the wave (wave-uniform)."""
+        return norm.rstd(wave.wave_sum(norm.sum_squares_bf16(r)), self.H, eps)
+
+    def store_bf16(self, lane, row, r, ws, rstd, out_t):
+        out = buffer.row_resource(out_t, row, self.H, ELEM_BYTES)
+        for j in range_constexpr(self.SLOTS):
+            y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
+            buffer.store(bf16.pack(y), out, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
+
+    def store_mxfp8(self, lane, row, r, ws, rstd, q_t, s_t):
+        q_rsrc = buffer.row_resource(q_t, row, self.H, 1)
+        s_rsrc = buffer.row_resource(s_t, row, self.SCALES, 1)
+        quad_leader = (lane % mxfp8.LANES_PER_BLOCK) == 0
+        for j in range_constexpr(self.SLOTS):
+            y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
+            byte, inv_scale = mxfp8.block_scale(y)
+            buffer.store(mxfp8.e4m3x8(y, inv_scale, nan=True), q_rsrc, lane * VEC + j * Q_SLOT_BYTES)
+            s_off = quad_leader.select(j * SCALES_PER_SLOT + lane // mxfp8.LANES_PER_BLOCK, buffer.never_in_range())
+            buffer.store_byte(byte, s_rsrc, s_off)
 
 
-def _load_inputs(lane, row, x_t, res_t, w_t, res_out_t):
-    """Read the row once; for the fused ops add the residual, round to bf16 and write residual_out.
-
-    Returns (r: SLOTS x Vector 4 x i32 of packed bf16, w: same for the weight).
-    """
-    xs = _load_row(buffer.row_resource(x_t, row, H, ELEM_BYTES), lane)
-    if res_t is not None:
-        rs = _load_row(buffer.row_resource(res_t, row, H, ELEM_BYTES), lane)
-    ws = _load_row(buffer.tensor_resource(w_t, H * ELEM_BYTES), lane)
-    buffer.keep_issued_above()
-    if res_t is None:
-        return xs, ws
-    res_out = buffer.row_resource(res_out_t, row, H, ELEM_BYTES)
-    summed = []
-    for j in range_constexpr(SLOTS):
-        s = bf16.pack(bf16.unpack(xs[j]) + bf16.unpack(rs[j]))
-        buffer.store(s, res_out, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
-        summed.append(s)
-    return summed, ws
-
-
-def _rstd(r, eps):
-    """1 / sqrt(mean(r^2) + eps) over the row held by the wave (wave-uniform)."""
-    return norm.rstd(wave.wave_sum(norm.sum_squares_bf16(r)), H, eps)
-
-
-def _store_bf16(lane, row, r, ws, rstd, out_t):
-    out = buffer.row_resource(out_t, row, H, ELEM_BYTES)
-    for j in range_constexpr(SLOTS):
-        y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
-        buffer.store(bf16.pack(y), out, lane * buffer.VEC_BYTES + j * SLOT_BYTES)
-
-
-def _store_mxfp8(lane, row, r, ws, rstd, q_t, s_t):
-    q_rsrc = buffer.row_resource(q_t, row, H, 1)
-    s_rsrc = buffer.row_resource(s_t, row, SCALES, 1)
-    quad_leader = (lane % mxfp8.LANES_PER_BLOCK) == 0
-    for j in range_constexpr(SLOTS):
-        y = (bf16.unpack(bf16.opaque(r[j])) * rstd) * bf16.unpack(ws[j])
-        byte, inv_scale = mxfp8.block_scale(y)
-        buffer.store(mxfp8.e4m3x8(y, inv_scale, nan=True), q_rsrc, lane * VEC + j * Q_SLOT_BYTES)
-        s_off = quad_leader.select(j * SCALES_PER_SLOT + lane // mxfp8.LANES_PER_BLOCK, buffer.never_in_range())
-        buffer.store_byte(byte, s_rsrc, s_off)
-
-
-def _build(waves: int, tier: str):
+def _build(rows: Row, waves: int, tier: str):
     """Kernels and launchers of all four ops for one tier (`waves` rows per workgroup, one per wave)."""
+    H = rows.H
     threads = waves * LANES
     kw = {"known_block_size": [threads, 1, 1]}
 
@@ -126,8 +134,8 @@ def _build(waves: int, tier: str):
     def k_rmsnorm(x: fx.Tensor, weight: fx.Tensor, out: fx.Tensor, m: fx.Int32, eps: fx.Float32):
         lane, row = _row_of(fx.thread_idx.x)
         if row < m:
-            r, ws = _load_inputs(lane, row, x, None, weight, None)
-            _store_bf16(lane, row, r, ws, _rstd(r, eps), out)
+            r, ws = rows.load_inputs(lane, row, x, None, weight, None)
+            rows.store_bf16(lane, row, r, ws, rows.rstd(r, eps), out)
 
     @flyc.kernel(name=f"fused_add_rmsnorm_h{H}_{tier}", **kw)
     def k_fused(
@@ -141,15 +149,15 @@ def _build(waves: int, tier: str):
     ):
         lane, row = _row_of(fx.thread_idx.x)
         if row < m:
-            r, ws = _load_inputs(lane, row, x, residual, weight, residual_out)
-            _store_bf16(lane, row, r, ws, _rstd(r, eps), out)
+            r, ws = rows.load_inputs(lane, row, x, residual, weight, residual_out)
+            rows.store_bf16(lane, row, r, ws, rows.rstd(r, eps), out)
 
     @flyc.kernel(name=f"rmsnorm_mxfp8_h{H}_{tier}", **kw)
     def k_mx(x: fx.Tensor, weight: fx.Tensor, q: fx.Tensor, scales: fx.Tensor, m: fx.Int32, eps: fx.Float32):
         lane, row = _row_of(fx.thread_idx.x)
         if row < m:
-            r, ws = _load_inputs(lane, row, x, None, weight, None)
-            _store_mxfp8(lane, row, r, ws, _rstd(r, eps), q, scales)
+            r, ws = rows.load_inputs(lane, row, x, None, weight, None)
+            rows.store_mxfp8(lane, row, r, ws, rows.rstd(r, eps), q, scales)
 
     @flyc.kernel(name=f"fused_add_rmsnorm_mxfp8_h{H}_{tier}", **kw)
     def k_fused_mx(
@@ -164,8 +172,8 @@ def _build(waves: int, tier: str):
     ):
         lane, row = _row_of(fx.thread_idx.x)
         if row < m:
-            r, ws = _load_inputs(lane, row, x, residual, weight, residual_out)
-            _store_mxfp8(lane, row, r, ws, _rstd(r, eps), q, scales)
+            r, ws = rows.load_inputs(lane, row, x, residual, weight, residual_out)
+            rows.store_mxfp8(lane, row, r, ws, rows.rstd(r, eps), q, scales)
 
     def _grid(m):
         return ((m + (waves - 1)) // waves, 1, 1)
@@ -202,15 +210,8 @@ def _build(waves: int, tier: str):
             grid=_grid(m), block=(threads, 1, 1), stream=stream
         )
 
-    return rmsnorm, fused_add_rmsnorm, rmsnorm_mxfp8, fused_add_rmsnorm_mxfp8
-
-
-(rmsnorm_decode, fused_add_rmsnorm_decode, rmsnorm_mxfp8_decode, fused_add_rmsnorm_mxfp8_decode) = _build(
-    DECODE_WAVES, "decode"
-)
-(rmsnorm_prefill, fused_add_rmsnorm_prefill, rmsnorm_mxfp8_prefill, fused_add_rmsnorm_mxfp8_prefill) = _build(
-    PREFILL_WAVES, "prefill"
-)
+    return {"rmsnorm": rmsnorm, "fused_add_rmsnorm": fused_add_rmsnorm, "rmsnorm_mxfp8": rmsnorm_mxfp8,
+            "fused_add_rmsnorm_mxfp8": fused_add_rmsnorm_mxfp8}
 
 
 # Example arguments: M = 1 CPU tensors. Shapes are dynamic in the compiled code, so this one
@@ -218,39 +219,27 @@ def _build(waves: int, tier: str):
 _EPS = 1e-5
 
 
-def _bf16(*shape):
-    return torch.zeros(*shape, dtype=torch.bfloat16)
+def _examples(H: int, SCALES: int) -> dict:
+    def bf(*shape):
+        return torch.zeros(*shape, dtype=torch.bfloat16)
+
+    def q(m):
+        return torch.zeros(m, H, dtype=torch.float8_e4m3fn), torch.zeros(m, SCALES, dtype=torch.uint8)
+
+    return {
+        "rmsnorm": lambda m=1: (bf(m, H), bf(H), bf(m, H), m, _EPS),
+        "fused_add_rmsnorm": lambda m=1: (bf(m, H), bf(m, H), bf(H), bf(m, H), bf(m, H), m, _EPS),
+        "rmsnorm_mxfp8": lambda m=1: (bf(m, H), bf(H), *q(m), m, _EPS),
+        "fused_add_rmsnorm_mxfp8": lambda m=1: (bf(m, H), bf(m, H), bf(H), *q(m), bf(m, H), m, _EPS),
+    }
 
 
-def _args_rmsnorm(m: int = 1):
-    return (_bf16(m, H), _bf16(H), _bf16(m, H), m, _EPS)
-
-
-def _args_fused(m: int = 1):
-    return (_bf16(m, H), _bf16(m, H), _bf16(H), _bf16(m, H), _bf16(m, H), m, _EPS)
-
-
-def _q(m):
-    return torch.zeros(m, H, dtype=torch.float8_e4m3fn), torch.zeros(m, SCALES, dtype=torch.uint8)
-
-
-def _args_mx(m: int = 1):
-    q, s = _q(m)
-    return (_bf16(m, H), _bf16(H), q, s, m, _EPS)
-
-
-def _args_fused_mx(m: int = 1):
-    q, s = _q(m)
-    return (_bf16(m, H), _bf16(m, H), _bf16(H), q, s, _bf16(m, H), m, _EPS)
-
-
-VARIANTS = {
-    "rmsnorm.decode": (rmsnorm_decode, _args_rmsnorm),
-    "rmsnorm.prefill": (rmsnorm_prefill, _args_rmsnorm),
-    "fused_add_rmsnorm.decode": (fused_add_rmsnorm_decode, _args_fused),
-    "fused_add_rmsnorm.prefill": (fused_add_rmsnorm_prefill, _args_fused),
-    "rmsnorm_mxfp8.decode": (rmsnorm_mxfp8_decode, _args_mx),
-    "rmsnorm_mxfp8.prefill": (rmsnorm_mxfp8_prefill, _args_mx),
-    "fused_add_rmsnorm_mxfp8.decode": (fused_add_rmsnorm_mxfp8_decode, _args_fused_mx),
-    "fused_add_rmsnorm_mxfp8.prefill": (fused_add_rmsnorm_mxfp8_prefill, _args_fused_mx),
-}
+def variants(H: int) -> dict:
+    """VARIANTS["<op>.<tier>"] = (launcher, example_args_fn) for hidden size H."""
+    rows = Row(H)
+    examples = _examples(H, rows.SCALES)
+    out = {}
+    for tier, waves in TIER_WAVES.items():
+        for op, launcher in _build(rows, waves, tier).items():
+            out[f"{op}.{tier}"] = (launcher, examples[op])
+    return out
