@@ -40,10 +40,6 @@ def build(package: str, N: int, K: int, tiers: dict, chunk: int | None = None, k
 
     _NOT_PREPARED = "a checkpoint-layout weight? pass it through prepare_weights() once at load time"
 
-    def mode_of(x, *args, **kwargs) -> str:
-        tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
-        return warm_up.mode_by_tokens(tokens)
-
     def weight_hint(t, want: tuple, k_of) -> str:
         """Why a weight's shape is wrong: packed for another N or K (another package's weight), or not packed."""
         if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[2] != want[2]:
@@ -79,7 +75,7 @@ def build(package: str, N: int, K: int, tiers: dict, chunk: int | None = None, k
         tokens = check(x, x_scales, w_packed, w_scales_packed, bias)
         return torch.empty((tokens, N), dtype=torch.bfloat16, device=x.device)
 
-    @warm_up.entry(table, modes, mode_of)
+    @warm_up.entry(table, modes, warm_up.mode_by_rows)
     def mxfp8_gemm_entry(
         x: torch.Tensor, x_scales: torch.Tensor, w_packed: torch.Tensor, w_scales_packed: torch.Tensor,
         bias: torch.Tensor,

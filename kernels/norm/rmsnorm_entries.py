@@ -32,9 +32,6 @@ def build(package: str, hidden: int, kernel=family_kernel) -> SimpleNamespace:
     def modes(op: str) -> dict:
         return {t: [f"{op}.{t}"] for t in TIERS}
 
-    def mode_of(x, *args, **kwargs) -> str:
-        return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
-
     def check(x, weight, residual=None) -> int:
         host.check_tokens("x", x, host.ROW_KERNEL_MAX_TOKENS)  # one descriptor per row
         host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
@@ -66,14 +63,14 @@ def build(package: str, hidden: int, kernel=family_kernel) -> SimpleNamespace:
         check(x, weight, residual)
         return (*mx_outputs(x), torch.empty_like(x))
 
-    @warm_up.entry(table, modes("rmsnorm"), mode_of)
+    @warm_up.entry(table, modes("rmsnorm"), warm_up.mode_by_rows)
     def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = outputs_rmsnorm(x, weight, eps)
         if x.shape[0]:
             table[f"rmsnorm.{tier(x.shape[0])}"](x, weight, out, x.shape[0], eps, host.stream_of(x))
         return out
 
-    @warm_up.entry(table, modes("fused_add_rmsnorm"), mode_of)
+    @warm_up.entry(table, modes("fused_add_rmsnorm"), warm_up.mode_by_rows)
     def fused_add_rmsnorm(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +80,7 @@ def build(package: str, hidden: int, kernel=family_kernel) -> SimpleNamespace:
             table[f"fused_add_rmsnorm.{tier(tokens)}"](x, residual, weight, out, residual_out, tokens, eps, host.stream_of(x))
         return out, residual_out
 
-    @warm_up.entry(table, modes("rmsnorm_mxfp8"), mode_of)
+    @warm_up.entry(table, modes("rmsnorm_mxfp8"), warm_up.mode_by_rows)
     def rmsnorm_mxfp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         q, scales = outputs_mx(x, weight, eps)
         tokens = x.shape[0]
@@ -91,7 +88,7 @@ def build(package: str, hidden: int, kernel=family_kernel) -> SimpleNamespace:
             table[f"rmsnorm_mxfp8.{tier(tokens)}"](x, weight, q, scales, tokens, eps, host.stream_of(x))
         return q, scales
 
-    @warm_up.entry(table, modes("fused_add_rmsnorm_mxfp8"), mode_of)
+    @warm_up.entry(table, modes("fused_add_rmsnorm_mxfp8"), warm_up.mode_by_rows)
     def fused_add_rmsnorm_mxfp8(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

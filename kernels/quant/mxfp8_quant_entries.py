@@ -20,9 +20,6 @@ def build(package: str, K: int, kernel=family_kernel) -> SimpleNamespace:
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel.variants(K).items()})
     modes = {t: [t] for t in ("decode", "prefill")}
 
-    def mode_of(x, *args, **kwargs) -> str:
-        return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
-
     def outputs(x):
         """The checks and the outputs, shared by the entry and its fake (host.custom_op)."""
         host.check_tokens("x", x, host.ROW_KERNEL_MAX_TOKENS)  # one descriptor per row
@@ -30,7 +27,7 @@ def build(package: str, K: int, kernel=family_kernel) -> SimpleNamespace:
         return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
                 torch.empty((x.shape[0], K // 32), dtype=torch.uint8, device=x.device))
 
-    @warm_up.entry(table, modes, mode_of)
+    @warm_up.entry(table, modes, warm_up.mode_by_rows)
     def mxfp8_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, scales = outputs(x)
         tokens = x.shape[0]
