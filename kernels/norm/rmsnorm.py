@@ -138,15 +138,8 @@ def _build(rows: Row, waves: int, tier: str):
             rows.store_bf16(lane, row, r, ws, rows.rstd(r, eps), out)
 
     @flyc.kernel(name=f"fused_add_rmsnorm_h{H}_{tier}", **kw)
-    def k_fused(
-        x: fx.Tensor,
-        residual: fx.Tensor,
-        weight: fx.Tensor,
-        out: fx.Tensor,
-        residual_out: fx.Tensor,
-        m: fx.Int32,
-        eps: fx.Float32,
-    ):
+    def k_fused(x: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, out: fx.Tensor, residual_out: fx.Tensor,
+                m: fx.Int32, eps: fx.Float32):
         lane, row = _row_of(fx.thread_idx.x)
         if row < m:
             r, ws = rows.load_inputs(lane, row, x, residual, weight, residual_out)
@@ -160,16 +153,8 @@ def _build(rows: Row, waves: int, tier: str):
             rows.store_mxfp8(lane, row, r, ws, rows.rstd(r, eps), q, scales)
 
     @flyc.kernel(name=f"fused_add_rmsnorm_mxfp8_h{H}_{tier}", **kw)
-    def k_fused_mx(
-        x: fx.Tensor,
-        residual: fx.Tensor,
-        weight: fx.Tensor,
-        q: fx.Tensor,
-        scales: fx.Tensor,
-        residual_out: fx.Tensor,
-        m: fx.Int32,
-        eps: fx.Float32,
-    ):
+    def k_fused_mx(x: fx.Tensor, residual: fx.Tensor, weight: fx.Tensor, q: fx.Tensor, scales: fx.Tensor,
+                   residual_out: fx.Tensor, m: fx.Int32, eps: fx.Float32):
         lane, row = _row_of(fx.thread_idx.x)
         if row < m:
             r, ws = rows.load_inputs(lane, row, x, residual, weight, residual_out)
