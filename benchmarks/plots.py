@@ -19,6 +19,20 @@ from pathlib import Path
 EXTRA = "plot"
 
 
+def _save(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """The common finish of a log-log figure: labels, legend, grid, PNG at `path`."""
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    plt.close(fig)
+    return path
+
+
 def require_matplotlib():
     """matplotlib's pyplot on the Agg backend, or an error naming the optional extra."""
     try:
@@ -61,16 +75,9 @@ def roofline(results: dict, path: Path) -> Path:
             ax.scatter(*zip(*pts), marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20),
                        label=f"{bench} (projected)")
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity, FLOP / byte moved")
-    ax.set_ylabel("projected FLOP/s on MI355X (cost model, not measured)")
-    ax.set_title("Roofline: PROJECTED by benchmarks/costmodel.py (not measured)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(True, which="both", lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, "arithmetic intensity, FLOP / byte moved",
+                 "projected FLOP/s on MI355X (cost model, not measured)",
+                 "Roofline: PROJECTED by benchmarks/costmodel.py (not measured)")
 
 
 def versus_tokens(bench: str, rows: list[dict], path: Path) -> Path:
@@ -87,16 +94,8 @@ def versus_tokens(bench: str, rows: list[dict], path: Path) -> Path:
         ax.scatter([a["tokens"]], [a["us"]], marker=anchor_markers[i % len(anchor_markers)], s=50, color="black",
                    zorder=5, label=f"published anchor: {a['label']}")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("us per call")
-    ax.set_title(f"{bench}: PROJECTED MI355X time (cost model, not measured)", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(True, which="both", lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, "tokens", "us per call",
+                 f"{bench}: PROJECTED MI355X time (cost model, not measured)")
 
 
 def write_all(results: dict, out_dir) -> list[Path]:

@@ -53,7 +53,7 @@ def test_tp8_rank_partials_sum_to_tp1():
 
 def _kernel_module(package: str):
     pkg = discovery.discover()[package]
-    return importlib.import_module(pkg.module + ".kernel")
+    return importlib.import_module(pkg.module)
 
 
 @pytest.mark.parametrize("package", MOE_PACKAGES)

@@ -63,10 +63,12 @@ def test_partials_workspace_is_reused_and_chunks_keep_the_bits():
     its size runs in chunks of sequences with the same output bits as one launch."""
     from amd_kernels.attention import paged_entries
     from amd_kernels.attention import paged_q8_kv1_d64 as package
-    from amd_kernels.attention.paged_q8_kv1_d64 import kernel
+    from amd_kernels.attention import paged_q8_kv1_d64 as kernel  # its shape constants
 
     small = paged_entries.build(package.__name__, "paged_q8_kv1_d64_chunk_test", kernel.KV_HEADS, kernel.MAX_SPLITS,
-                                kernel.MIN_SPLIT_BLOCKS, kernel.VARIANTS, workspace_sequences=2)
+                                kernel.MIN_SPLIT_BLOCKS,
+                                paged_entries.variants(kernel.KV_HEADS, kernel.MAX_SPLITS, kernel.MIN_SPLIT_BLOCKS),
+                                workspace_sequences=2)
     inputs = checks.to_device(attention.build_paged_attention_inputs(5, DIMS, 1), "cpu")  # 1000 keys: 2 splits
     whole = package.paged_attention(**inputs)
     chunked = small.paged_attention(**inputs)

@@ -186,6 +186,12 @@ def custom_op(qualname: str, impl: Callable, outputs: Callable, mutates_args: tu
     return op
 
 
+def shape_token(package: str) -> str:
+    """The shape token of the package `amd_kernels.<category>.<shape token>` (its folder's name), from its
+    `__name__`: the custom ops' names and the kernel.toml use the same string."""
+    return package.rpartition(".")[2]
+
+
 def stream_of(t: torch.Tensor):
     """The stream a launch must use: torch's current stream on the GPU (so CUDA-graph capture records
     it), none under the emulator. Compiled FlyDSL functions take it as their last argument."""

@@ -29,6 +29,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from amd_kernels import compile_watch, jit_cache
 
 # vLLM's largest CUDA-graph capture size: batches of up to this many tokens run an entry's "decode" mode
@@ -210,6 +212,12 @@ def _worker_loop() -> None:
 def mode_by_tokens(tokens: int) -> str:
     """The mode of a token-row entry: "decode" up to DECODE_MAX_TOKENS tokens, else "prefill"."""
     return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+
+
+def mode_by_rows(x, *args, **kwargs) -> str:
+    """`mode_of` of an entry whose first argument x holds the token rows (mode_by_tokens of its first dim;
+    a bad x gets "decode" here and its error from the entry's checks)."""
+    return mode_by_tokens(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
 
 
 def entry(table: VariantTable, modes: dict[str, list[str]], mode_of: Callable[..., str]):

@@ -27,7 +27,7 @@ token count (every tier of a shape sums K in the same fixed chunks, added in chu
 realistic inputs and on build_gemm_cancelling_inputs (huge partial sums that cancel). The switch
 AMD_KERNELS_GEMM_BATCH_VARIANT=1 (read at import) gives up batch invariance in the n640_k2880, n2880_k512 and
 n2880_k4096 GEMMs for the counters' few percent (each tier then sums K in its own split; see
-kernels/gemm/mxfp8_entries.py); everything else in this contract still holds under it.
+kernels/gemm/mxfp8_gemm.py); everything else in this contract still holds under it.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def derive(c1: dict, batch: int, dims: dict, scales: int = 0) -> dict:
 def working_workgroups(shape: str, batch: int, keys: int, window: int) -> int:
     from amd_kernels.attention import paged_decode as kd
 
-    kernel = __import__(f"amd_kernels.attention.{shape}.kernel", fromlist=["kernel"])
+    kernel = __import__(f"amd_kernels.attention.{shape}", fromlist=[shape])  # the shape's constants
     splits = 1 if window else kd.splits_of(keys, kernel.MAX_SPLITS, kernel.MIN_SPLIT_BLOCKS)[1]
     return batch * kernel.KV_HEADS * splits
 

@@ -179,23 +179,16 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int, fp
                     else:
                         off = ok.select((t * 16 + i) * kv_row + h * ROW_BYTES + g * 16, _i32(OOB))
                         kops.append((buffer.load_x4(k_rsrc, off), buffer.load_x4(k_rsrc, off + 64)))
+                # V: the block's 64 key rows in 16-byte chunks, per_row a row (fp8: 4 of 16 dims, bf16: 8 of 8 dims,
+                # 256 / 512 chunks); lane takes chunks lane + 64 u
                 vin = []
-                if const_expr(fp8):
-                    # V: 256 16-byte chunks (16 dims each) of the block's 64 key rows; lane takes lane + 64 u
-                    for u in range_constexpr(4):
-                        vkey = u * 16 + lane // 4
-                        key = key0 + vkey
-                        ok = (key < L) & (key >= first_key)
-                        vin.append(buffer.load_x4(v_rsrc, ok.select(vkey * kv_row + h * head_bytes + (lane % 4) * 16,
-                                                                    _i32(OOB))))
-                else:
-                    # V: 512 16-byte chunks of the block's 64 key rows; lane takes chunks lane + 64 u
-                    for u in range_constexpr(8):
-                        vkey = u * 8 + lane // 8
-                        key = key0 + vkey
-                        ok = (key < L) & (key >= first_key)
-                        vin.append(buffer.load_x4(v_rsrc, ok.select(vkey * kv_row + h * ROW_BYTES + (lane % 8) * 16,
-                                                                    _i32(OOB))))
+                per_row = head_bytes // 16
+                for u in range_constexpr(per_row):
+                    vkey = u * (BLOCK // per_row) + lane // per_row
+                    key = key0 + vkey
+                    ok = (key < L) & (key >= first_key)
+                    vin.append(buffer.load_x4(v_rsrc, ok.select(vkey * kv_row + h * head_bytes + (lane % per_row) * 16,
+                                                                _i32(OOB))))
                 s_t = []
                 for t in range_constexpr(4):
                     acc = mfma.bf16_16x16x32(kops[t][0], qop0, mfma.zeros())

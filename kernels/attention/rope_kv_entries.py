@@ -1,4 +1,5 @@
-"""Host code shared by the attention/rope_kv_q<Hq>_kv<Hkv>_d64 packages: argument checks and the custom ops
+"""Host code of the attention/rope_kv_q<Hq>_kv<Hkv>_d64 packages (the family's device code is rope_kv.py):
+argument checks and the custom ops
 torch.ops.amd_kernels.<shape token>_rope_kv_write (bf16 cache) and _rope_kv_write_fp8 (E4M3 cache).
 
 One compiled variant per cache dtype serves every token count (grid = tokens). The checks need no device
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from amd_kernels import host, warm_up
+from amd_kernels.attention import rope_kv as family_kernel
 from amd_kernels.attention.rope_kv import BLOCK_SIZE, HEAD_DIM
 
 MUTATES = ("key_cache", "value_cache")
@@ -20,8 +22,10 @@ MUTATES = ("key_cache", "value_cache")
 MAX_POSITIONS = 1 << 23
 
 
-def build(package: str, shape_token: str, hq: int, hkv: int, kernel_variants: dict) -> SimpleNamespace:
-    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+def build(package: str, hq: int, hkv: int, kernel=family_kernel) -> SimpleNamespace:
+    """The entries of the package `package` (its `__name__`) for hq query / hkv KV heads. `kernel`: the module
+    whose `variants(hq, hkv)` builds the kernels: the family's rope_kv.py, or a shape's own tuned copy."""
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel.variants(hq, hkv).items()})
     width = (hq + 2 * hkv) * HEAD_DIM
 
     def mode_of(*args, **kwargs) -> str:
@@ -84,7 +88,7 @@ def build(package: str, shape_token: str, hq: int, hkv: int, kernel_variants: di
         return launch("rope_kv_write_fp8", q, qkv, positions, cos_sin_cache, slot_mapping, key_cache, value_cache,
                       k_scale, v_scale)
 
-    ns = f"amd_kernels::{shape_token}_"
+    ns = f"amd_kernels::{host.shape_token(package)}_"
     ops = dict(
         rope_kv_write=host.custom_op(ns + "rope_kv_write", rope_kv_write, outputs, MUTATES),
         rope_kv_write_fp8=host.custom_op(ns + "rope_kv_write_fp8", rope_kv_write_fp8, outputs_fp8, MUTATES),

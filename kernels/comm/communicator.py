@@ -142,7 +142,7 @@ class Communicator:
 def create(group=None, *, max_tokens: int = 8192, hidden: int = 2880, ranks: int = 8, device=None) -> Communicator:
     """Create this process's communicator for `group` (collective: every rank of the group calls it)."""
     global _current
-    from amd_kernels.comm.allreduce_ranks8_h2880 import kernel
+    from amd_kernels.comm import allreduce as kernel
 
     if group is None:
         import torch.distributed as dist

@@ -1,7 +1,8 @@
 """MXFP8 x MXFP8 GEMM with preshuffled weights, y[M, N] = x @ w^T + bias (bf16 out, fp32 accumulation).
 
-Shared by the packages gemm/mxfp8_n<N>_k<K>: `build(N, K, name, tier)` returns the FlyDSL launcher of one
-tier of one shape (one launch per call). The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
+Shared by the packages gemm/mxfp8_n<N>_k<K> (host code: mxfp8_gemm_entries.py): `build(N, K, name, tier)`
+returns the FlyDSL launcher of one tier of one shape (one launch per call), `variants(N, K, tiers, chunk)`
+all of a shape's. The contract is references/gemm.py (mxfp8_gemm); the prepared weight layout is
 `prepare_weights` below (run once at load time).
 
 Prepared weight layout (what `prepare_weights` makes from the checkpoint's w [N, K], w_scales [N, K/32]):
@@ -54,6 +55,7 @@ result is bitwise that of a one-wave direct tier).
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
 
+import os
 from dataclasses import dataclass
 
 import flydsl.compiler as flyc
@@ -62,7 +64,7 @@ import torch
 from flydsl.expr import gpu, range_constexpr
 from flydsl.expr.typing import T
 
-from amd_kernels.common import buffer, mx_gemm, wave
+from amd_kernels.common import buffer, mfma, wave
 
 LANES = 64
 OOB = 0x7FFFFFF0  # a byte offset past every descriptor built here (all are < 2 GiB)
@@ -83,7 +85,7 @@ class Tier:
 
 
 def steps(k: int) -> int:
-    return -(-k // mx_gemm.STEP_K)
+    return -(-k // mfma.STEP_K)
 
 
 def _bf16x4_to_f32(v_i32x2):
@@ -137,7 +139,7 @@ def _x_offset(shape: _Shape, row, k, guard: bool):
 def _x_scale(shape: _Shape, xs_rsrc, row, kb, guard: bool):
     """Scale byte of row `row`, K block `kb` (zero for kb >= K/32 when `guard`)."""
     off = row * shape.KB + kb
-    return mx_gemm.load_u8(xs_rsrc, (kb < shape.KB).select(off, fx.Int32(OOB)) if guard else off)
+    return mfma.load_u8(xs_rsrc, (kb < shape.KB).select(off, fx.Int32(OOB)) if guard else off)
 
 
 def _feature0(blk, lane):
@@ -174,7 +176,7 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
     assert waves == 1 or sps % chunk == 0, f"{sps} steps per wave do not start on {chunk}-step chunks"
     cpw = -(-sps // chunk)  # K chunks per wave
     blocks = nb * mc  # 16 x 16 accumulator blocks per tile, block b = j * mc + c
-    guard_k = (K % mx_gemm.STEP_K != 0) or (waves * sps != STEPS)  # some (lane, step) has k >= K
+    guard_k = (K % mfma.STEP_K != 0) or (waves * sps != STEPS)  # some (lane, step) has k >= K
 
     @fx.struct
     class Lds:
@@ -194,30 +196,31 @@ def _kernel_direct(shape: _Shape, name: str, tier: Tier):
         w_rsrc, ws_rsrc = zip(*[_block_rsrcs(shape, w, ws, nt * nb + j) for j in range_constexpr(nb)])
 
         rows = [mt * shape.tile_m + 16 * c + r for c in range_constexpr(mc)]
-        accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
+        accs = [mfma.zeros() for _ in range_constexpr(blocks)]
         chunks = []  # this wave's finished K chunks (waves > 1) or [their running sum in chunk order] (waves = 1)
         for i in range_constexpr(sps):
             if i > 0 and i % chunk == 0:  # a K chunk ends: every chunk's MFMA chain starts from zero
                 chunks = _fold(chunks, accs, waves == 1)
-                accs = [mx_gemm.zero_acc() for _ in range_constexpr(blocks)]
+                accs = [mfma.zeros() for _ in range_constexpr(blocks)]
             s = wv * sps + i if waves > 1 else i  # 128-K step: wave wv owns steps [wv*sps, (wv+1)*sps)
             xops, xsc = [], []
-            k_lo = s * mx_gemm.STEP_K + g * 16
+            k_lo = s * mfma.STEP_K + g * 16
             for c in range_constexpr(mc):
                 lo = buffer.load_x4(x_rsrc, _x_offset(shape, rows[c], k_lo, guard_k))
-                hi = buffer.load_x4(x_rsrc, _x_offset(shape, rows[c], k_lo + mx_gemm.HALF_K, guard_k))
-                xops.append(mx_gemm.operand(lo, hi))
+                hi = buffer.load_x4(x_rsrc, _x_offset(shape, rows[c], k_lo + mfma.HALF_K, guard_k))
+                xops.append(mfma.operand(lo, hi))
                 xsc.append(_x_scale(shape, xs_rsrc, rows[c], s * 4 + g, guard_k))
             wops, wsc = [], []
             for j in range_constexpr(nb):
                 # Steps >= STEPS (the last wave's empty ones) lie past the block's bytes and read zeros.
                 w_lo = buffer.load_x4(w_rsrc[j], (2 * s) * 1024 + lane * 16)
                 w_hi = buffer.load_x4(w_rsrc[j], (2 * s + 1) * 1024 + lane * 16)
-                wops.append(mx_gemm.operand(w_lo, w_hi))
-                wsc.append(mx_gemm.load_u8(ws_rsrc[j], s * LANES + lane))
+                wops.append(mfma.operand(w_lo, w_hi))
+                wsc.append(mfma.load_u8(ws_rsrc[j], s * LANES + lane))
             for j in range_constexpr(nb):
                 for c in range_constexpr(mc):
-                    accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
+                    accs[j * mc + c] = mfma.scaled(wops[j], xops[c], accs[j * mc + c], mfma.FMT_FP8, mfma.FMT_FP8,
+                                                   wsc[j], xsc[c])
 
         chunks = _fold(chunks, accs, waves == 1)
         b_rsrc = buffer.tensor_resource(bias, shape.N * 2)
@@ -262,7 +265,7 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
     mc, nb = tier.mc, tier.nb
     STEPS, K, KB = shape.STEPS, shape.K, shape.KB
     assert tier.waves == LDS_WAVES and tier.sps == STEPS, "the LDS tier runs 4 waves over every step"
-    guard_k = K % mx_gemm.STEP_K != 0  # the last step's "hi" half lies at k >= K
+    guard_k = K % mfma.STEP_K != 0  # the last step's "hi" half lies at k >= K
     a_slabs = 2 * shape.mb  # 1 KiB slabs per step: (16-token block, half) of A, then (weight block, half) of B
     b_slabs = 2 * shape.tb
     SLAB = 1024 // 4  # dwords
@@ -297,22 +300,22 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
             return ops + fx.Int64(q * SLAB + lane * 4)
 
         def read_operand(q):  # slabs q (lo) and q + 1 (hi): one 8-VGPR MFMA operand
-            return mx_gemm.operand(fx.ptr_load(slab(q), result_type=T.i32x4),
+            return mfma.operand(fx.ptr_load(slab(q), result_type=T.i32x4),
                                    fx.ptr_load(slab(q + 1), result_type=T.i32x4))
 
-        accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
+        accs = [mfma.zeros() for _ in range_constexpr(nb * mc)]
         total = []  # the running sum of the finished K chunks, in chunk order
         for s in range_constexpr(STEPS):
             if s > 0 and s % shape.chunk == 0:  # a K chunk ends: every chunk's MFMA chain starts from zero
                 total = _fold(total, accs, True)
-                accs = [mx_gemm.zero_acc() for _ in range_constexpr(nb * mc)]
+                accs = [mfma.zeros() for _ in range_constexpr(nb * mc)]
             tail = guard_k and s == STEPS - 1
-            k = s * mx_gemm.STEP_K + wx * mx_gemm.HALF_K + g * 16
+            k = s * mfma.STEP_K + wx * mfma.HALF_K + g * 16
             a_in = [buffer.load_x4(x_rsrc, _x_offset(shape, row, k, tail)) for row in ld_rows]
             # (past the last slab, the K tail's "hi" half, a block reads zeros)
             b_in = [buffer.load_x4(rs, (2 * s + wx) * 1024 + lane * 16) for rs in ld_w]
             xsc = [_x_scale(shape, xs_rsrc, row, s * 4 + g, tail) for row in rows]
-            wsc = [mx_gemm.load_u8(rs, s * LANES + lane) for rs in ws_rsrc]
+            wsc = [mfma.load_u8(rs, s * LANES + lane) for rs in ws_rsrc]
             if s > 0:
                 gpu.barrier()  # every wave has read the previous step's operands
             for i in range_constexpr(len(a_in)):
@@ -324,7 +327,8 @@ def _kernel_lds(shape: _Shape, name: str, tier: Tier):
             wops = [read_operand(a_slabs + 2 * (wx * nb + j)) for j in range_constexpr(nb)]
             for j in range_constexpr(nb):
                 for c in range_constexpr(mc):
-                    accs[j * mc + c] = mx_gemm.mfma_fp8(accs[j * mc + c], wops[j], xops[c], wsc[j], xsc[c])
+                    accs[j * mc + c] = mfma.scaled(wops[j], xops[c], accs[j * mc + c], mfma.FMT_FP8, mfma.FMT_FP8,
+                                                   wsc[j], xsc[c])
 
         total = _fold(total, accs, True)[0]
         b_rsrc = buffer.tensor_resource(bias, shape.N * 2)
@@ -341,7 +345,7 @@ def build(N: int, K: int, name: str, tier: Tier, chunk: int | None = None):
     """Launcher of one tier: `gemm(x, x_scales, w_packed, w_scales_packed, bias, out, m)`. `chunk`: 128-K steps
     per K chunk, the same for every tier of a shape; None: the tier's own split (one chunk per wave: not batch
     invariant when the tiers of a shape split K differently)."""
-    assert N % 16 == 0 and K % mx_gemm.HALF_K == 0
+    assert N % 16 == 0 and K % mfma.HALF_K == 0
     side = 2 if tier.lds else 1  # waves per tile side
     if chunk is None:
         chunk = tier.sps if tier.waves > 1 and not tier.lds else steps(K)
@@ -365,7 +369,7 @@ def prepare_weights(w: torch.Tensor, w_scales: torch.Tensor) -> tuple[torch.Tens
     """Checkpoint (w fp8 [N, K], w_scales u8 [N, K/32]) -> (w_packed [N/16, K/64, 1024], w_scales_packed
     [N/16, ceil(K/128), 64]) in the layout above. Pure torch; run once when the weights are loaded."""
     n, k = w.shape
-    if w.dtype != torch.float8_e4m3fn or n % 16 or k % mx_gemm.HALF_K:
+    if w.dtype != torch.float8_e4m3fn or n % 16 or k % mfma.HALF_K:
         raise ValueError(f"w: expected float8_e4m3fn [N % 16 == 0, K % 64 == 0], got {w.dtype} {list(w.shape)}")
     if w_scales.dtype != torch.uint8 or tuple(w_scales.shape) != (n, k // 32):
         raise ValueError(f"w_scales: expected uint8 [{n}, {k // 32}], got {w_scales.dtype} {list(w_scales.shape)}")
@@ -376,3 +380,29 @@ def prepare_weights(w: torch.Tensor, w_scales: torch.Tensor) -> tuple[torch.Tens
     sc[:, : k // 32] = w_scales
     sp = sc.reshape(n // 16, 16, st, 4).permute(0, 2, 3, 1)  # [block, step, g, r]
     return w_packed, sp.contiguous().reshape(n // 16, st, 64)
+
+
+# Set to 1 (before import) to let each tier sum K in its own split, as before issue 19: a few percent fewer
+# instructions in the tiers that run several K chunks in one wave, and fewer VGPRs, but a row's bits then
+# depend on the token count (not batch invariant). Unset: every tier sums in the package's CHUNK_STEPS.
+BATCH_VARIANT_ENV = "AMD_KERNELS_GEMM_BATCH_VARIANT"
+
+
+def variants(N: int, K: int, tiers: dict, chunk: int | None = None) -> dict:
+    """VARIANTS: tier name -> (launcher, example-args function) for warm-up. `chunk`: 128-K steps per K
+    chunk, shared by every tier (build); ignored under BATCH_VARIANT_ENV=1."""
+    if os.environ.get(BATCH_VARIANT_ENV, "") == "1":
+        chunk = None
+    out = {}
+    for name, tier in tiers.items():
+        launcher = build(N, K, f"n{N}_k{K}_{name}", tier, chunk)
+
+        def example(m: int = 1):
+            return (torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),
+                    torch.zeros(N // 16, K // 64, 1024, dtype=torch.float8_e4m3fn),
+                    torch.zeros(N // 16, steps(K), 64, dtype=torch.uint8),
+                    torch.zeros(N, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16), m,
+                    fx.Stream(None))
+
+        out[name] = (launcher, example)
+    return out

@@ -1,4 +1,5 @@
-"""Host code of the MoE routing packages: argument checks, the variant table and the torch custom op.
+"""Host code of the MoE router packages moe/route_h<H>_e<E>_top<k> (the family's device code is route.py):
+argument checks, the variant table and the torch custom op.
 
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
@@ -8,12 +9,16 @@ from types import SimpleNamespace
 import torch
 
 from amd_kernels import host, warm_up
+from amd_kernels.moe import route as family_kernel
 
 
-def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int, kernel_variants: dict):
-    """The package's VARIANTS and its `route` entry. One variant serves every token count: the grid is
-    ceil(M / 16) workgroups of 16 token rows, so decode and prefill share it."""
-    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+def build(package: str, hidden: int, experts: int, top_k: int, kernel=family_kernel):
+    """The VARIANTS and the `route` entry of the package `package` (its `__name__`). One variant serves every
+    token count: the grid is ceil(M / 16) workgroups of 16 token rows, so decode and prefill share it.
+    `kernel`: the module whose `variants(hidden, experts, top_k)` builds the kernel: the family's route.py,
+    or a shape's own tuned copy (its kernel.py)."""
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v)
+                                           for k, v in kernel.variants(hidden, experts, top_k).items()})
     modes = {"all": ["route.all"]}
 
     def outputs(x, router_weight, router_bias, top_k):
@@ -38,6 +43,6 @@ def build(package: str, shape_token: str, hidden: int, experts: int, top_k: int,
     globals_top_k = top_k
     max_tokens = host.max_tokens_for(hidden * 2)  # i32 byte offsets into x [M, hidden] bf16
 
-    op = host.custom_op(f"amd_kernels::{shape_token}_route", route, outputs)
+    op = host.custom_op(f"amd_kernels::{host.shape_token(package)}_route", route, outputs)
     op.max_tokens = max_tokens
     return SimpleNamespace(VARIANTS=table, route=op)

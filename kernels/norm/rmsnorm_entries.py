@@ -1,7 +1,7 @@
-"""Host code shared by the RMSNorm family packages (one package per hidden size).
+"""Host code of the RMSNorm packages norm/rmsnorm_h<H> (one package per hidden size; the family's device
+code is rmsnorm.py, whose `variants(H)` gives `VARIANTS["<op>.<tier>"] = (launcher, example_args)`).
 
-Each package's kernel.py holds its FlyDSL kernels and `VARIANTS["<op>.<tier>"] = (launcher, example_args)`;
-this module checks arguments, allocates outputs, picks the tier by token count and registers the four
+This module checks arguments, allocates outputs, picks the tier by token count and registers the four
 entries as torch custom ops torch.ops.amd_kernels.<shape token>_<entry>.
 
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import torch
 
 from amd_kernels import host, warm_up
+from amd_kernels.norm import rmsnorm as family_kernel
 
 OPS = ("rmsnorm", "fused_add_rmsnorm", "rmsnorm_mxfp8", "fused_add_rmsnorm_mxfp8")
 TIERS = ("decode", "prefill")
@@ -21,15 +22,15 @@ TIERS = ("decode", "prefill")
 tier = warm_up.mode_by_tokens  # the tier of a call is its mode
 
 
-def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) -> SimpleNamespace:
-    """The package's VARIANTS table and its four entries. `package` must export the returned VARIANTS."""
-    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+def build(package: str, hidden: int, kernel=family_kernel) -> SimpleNamespace:
+    """The VARIANTS table and the four entries of the package `package` (its `__name__`, which must export the
+    returned VARIANTS). `kernel`: the module whose `variants(hidden)` builds the kernels: the family's
+    rmsnorm.py, or a shape's own tuned copy (its kernel.py)."""
+    shape_token = host.shape_token(package)
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel.variants(hidden).items()})
 
     def modes(op: str) -> dict:
         return {t: [f"{op}.{t}"] for t in TIERS}
-
-    def mode_of(x, *args, **kwargs) -> str:
-        return tier(x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0)
 
     def check(x, weight, residual=None) -> int:
         host.check_tokens("x", x, host.ROW_KERNEL_MAX_TOKENS)  # one descriptor per row
@@ -62,14 +63,14 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
         check(x, weight, residual)
         return (*mx_outputs(x), torch.empty_like(x))
 
-    @warm_up.entry(table, modes("rmsnorm"), mode_of)
+    @warm_up.entry(table, modes("rmsnorm"), warm_up.mode_by_rows)
     def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         out = outputs_rmsnorm(x, weight, eps)
         if x.shape[0]:
             table[f"rmsnorm.{tier(x.shape[0])}"](x, weight, out, x.shape[0], eps, host.stream_of(x))
         return out
 
-    @warm_up.entry(table, modes("fused_add_rmsnorm"), mode_of)
+    @warm_up.entry(table, modes("fused_add_rmsnorm"), warm_up.mode_by_rows)
     def fused_add_rmsnorm(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +80,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
             table[f"fused_add_rmsnorm.{tier(tokens)}"](x, residual, weight, out, residual_out, tokens, eps, host.stream_of(x))
         return out, residual_out
 
-    @warm_up.entry(table, modes("rmsnorm_mxfp8"), mode_of)
+    @warm_up.entry(table, modes("rmsnorm_mxfp8"), warm_up.mode_by_rows)
     def rmsnorm_mxfp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         q, scales = outputs_mx(x, weight, eps)
         tokens = x.shape[0]
@@ -87,7 +88,7 @@ def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) ->
             table[f"rmsnorm_mxfp8.{tier(tokens)}"](x, weight, q, scales, tokens, eps, host.stream_of(x))
         return q, scales
 
-    @warm_up.entry(table, modes("fused_add_rmsnorm_mxfp8"), mode_of)
+    @warm_up.entry(table, modes("fused_add_rmsnorm_mxfp8"), warm_up.mode_by_rows)
     def fused_add_rmsnorm_mxfp8(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -3,19 +3,22 @@
 Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard) -> bf16 [M, 2880],
 the weights from `prepare_weights(...)` (amd_kernels.moe.prepare, run once at load time);
 also torch.ops.amd_kernels.mxfp4_h2880_i2880_e128_top4_moe.
+
+MoE block of gpt-oss-120b at TP1: hidden 2880, intermediate 2880 (prepared padded to 2944), 128 experts,
+top-4, the gpt-oss activation (interleaved gate/up, clamp, biases). Design: kernels/moe/mxfp4_moe/.
+
+One variant: gate-up already launches 92 workgroups of 3 waves per tile (368 at M = 1), so no small-M
+variant.
 """
 
-from functools import partial
+from amd_kernels.moe import mxfp4_moe_entries
 
-from amd_kernels.moe import moe_entries, prepare
-from amd_kernels.moe.mxfp4_h2880_i2880_e128_top4 import kernel
-
-prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION, hidden=kernel.H,
-                          intermediate=kernel.I, experts=kernel.E, tp_size=kernel.TP)
-_built = moe_entries.build(__name__, "mxfp4_h2880_i2880_e128_top4", hidden=kernel.H, experts=kernel.E,
-                           top_k=kernel.TOP_K, pipeline=kernel.PIPELINE, prepare_weights=prepare_weights,
-                           tp_size=kernel.TP)
-VARIANTS = _built.VARIANTS
+H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 1
+_built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
+                                 activation=ACTIVATION, tp_size=TP)
+VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
+PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes
 moe = _built.moe
-prepare_inputs = _built.prepare_inputs
+prepare_weights = _built.prepare_weights  # checkpoint -> prepared weights, once at load time
+prepare_inputs = _built.prepare_inputs  # the harness's hook: reference inputs -> entry inputs
 emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"

@@ -4,19 +4,25 @@
 Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard) -> bf16 [M, 2880],
 the weights from `prepare_weights(..., tp_rank=r)` (amd_kernels.moe.prepare, run once at load time);
 also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_moe.
+
+MoE block of gpt-oss-120b at TP8: hidden 2880, per-rank intermediate 384 of 2880 (vLLM's cut: 12 whole
+32-column scale blocks per rank, rank 7's 192 columns padded to 384), 128 experts, top-4, the gpt-oss
+activation. Design: kernels/moe/mxfp4_moe/; sharding: kernels/moe/prepare.py.
+
+Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
+gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1). Both tiers sum K in
+the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe/geometry.py).
 """
 
-from functools import partial
+from amd_kernels.moe import mxfp4_moe_entries
 
-from amd_kernels.moe import moe_entries, prepare
-from amd_kernels.moe.mxfp4_h2880_i384_e128_top4 import kernel
-
-prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION, hidden=kernel.H,
-                          intermediate=kernel.I, experts=kernel.E, tp_size=kernel.TP)
-_built = moe_entries.build(__name__, "mxfp4_h2880_i384_e128_top4", hidden=kernel.H, experts=kernel.E,
-                           top_k=kernel.TOP_K, pipeline=kernel.PIPELINE, prepare_weights=prepare_weights,
-                           tp_size=kernel.TP)
-VARIANTS = _built.VARIANTS
+H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 8
+SMALL_M_WAVES = 8
+_built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
+                                 activation=ACTIVATION, tp_size=TP, small_m_waves=SMALL_M_WAVES)
+VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
+PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes
 moe = _built.moe
-prepare_inputs = _built.prepare_inputs
+prepare_weights = _built.prepare_weights  # checkpoint -> prepared weights, once at load time
+prepare_inputs = _built.prepare_inputs  # the harness's hook: reference inputs -> entry inputs
 emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"

@@ -3,18 +3,24 @@
 Entry: moe(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard) -> bf16 [M, 6144],
 the weights from `prepare_weights` (amd_kernels.moe.prepare, run once at load time);
 also torch.ops.amd_kernels.mxfp4_h6144_i768_e128_top4_moe.
+
+MoE block for hidden 6144, intermediate 768, 128 experts, top-4, plain SwiGLU, no biases in the model
+(zero bias tensors in the prepared weights). Design: kernels/moe/mxfp4_moe/.
+
+Variants: "moe.full" (gate-up: 4 waves of 12 K-steps per workgroup), and "moe.small_m" for M <= 2, where
+gate-up would launch < 256 workgroups: 6 waves of 8 K-steps each (576 waves at M = 1). Both tiers sum K in
+the same grouping (chunks of 4 K-steps, groups of 3 chunks: batch invariance, mxfp4_moe/geometry.py).
 """
 
-from functools import partial
+from amd_kernels.moe import mxfp4_moe_entries
 
-from amd_kernels.moe import moe_entries, prepare
-from amd_kernels.moe.mxfp4_h6144_i768_e128_top4 import kernel
-
-prepare_weights = partial(prepare.prepare_weights, activation=kernel.ACTIVATION, hidden=kernel.H,
-                          intermediate=kernel.I, experts=kernel.E)
-_built = moe_entries.build(__name__, "mxfp4_h6144_i768_e128_top4", hidden=kernel.H, experts=kernel.E,
-                           top_k=kernel.TOP_K, pipeline=kernel.PIPELINE, prepare_weights=prepare_weights)
-VARIANTS = _built.VARIANTS
+H, I, E, TOP_K, ACTIVATION, TP = 6144, 768, 128, 4, "swiglu", 1
+SMALL_M_WAVES = 8
+_built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
+                                 activation=ACTIVATION, tp_size=TP, small_m_waves=SMALL_M_WAVES)
+VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
+PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes
 moe = _built.moe
-prepare_inputs = _built.prepare_inputs
+prepare_weights = _built.prepare_weights  # checkpoint -> prepared weights, once at load time
+prepare_inputs = _built.prepare_inputs  # the harness's hook: reference inputs -> entry inputs
 emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"

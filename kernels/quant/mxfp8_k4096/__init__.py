@@ -1,8 +1,9 @@
-"""bf16 -> MXFP8 for rows of K = 4096. Entry: mxfp8_quant(x) -> (q, scales); see README.md."""
+"""bf16 -> MXFP8 for rows of K = 4096 (the input of gpt-oss-120b's attention output projection at TP 1).
+Entry: mxfp8_quant(x) -> (q, scales); see README.md."""
 
-from amd_kernels.quant import mxfp8_entries
-from amd_kernels.quant.mxfp8_k4096 import kernel
+from amd_kernels.quant import mxfp8_quant_entries
 
-_built = mxfp8_entries.build(__name__, kernel.SHAPE_TOKEN, kernel.K, kernel.VARIANTS)
+K = 4096
+_built = mxfp8_quant_entries.build(__name__, K)
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 mxfp8_quant = _built.mxfp8_quant

@@ -1,4 +1,6 @@
-"""TP8 all-reduce of bf16 rows of 2880, alone or fused with the residual add and RMSNorm (+ MXFP8), on MI355X.
+"""TP8 all-reduce of bf16 rows of 2880 (comm/allreduce_ranks8_h2880), alone or fused with the residual add and
+RMSNorm (+ MXFP8), on MI355X. Written for its one shape so far (module-level H, RANKS); host code:
+allreduce_entries.py.
 
 One-stage algorithm: every rank's partial rows sit in its registered (IPC) input buffer; workgroup b of
 every rank owns token row b (and rows b + 512, b + 1024, ... above 512 rows, one after another): it waits
@@ -32,7 +34,7 @@ with x_r: rank r's input buffer as mapped here (bf16 [capacity, 2880], rows 0..M
 buffer (int32), me = s_rank; residual, out, residual_out bf16 [M, 2880]; weight bf16 [2880]; q float8_e4m3fn
 [M, 2880]; scales uint8 [M, 90].
 
-Per-row design: one wave per row, as norm/rmsnorm_h2880's decode tier (and its row helpers): lane l holds
+Per-row design: one wave per row, as the RMSNorm kernels' decode tier (norm/rmsnorm.py's Row helpers): lane l holds
 16-byte vectors l, l+64, ... of the row (6 slots, the last 40 lanes live, the descriptor bounded to the row
 so idle lanes read zeros and drop stores); the row sum of squares is a DPP reduction.
 """
@@ -46,8 +48,9 @@ from flydsl.compiler.ast_rewriter import ASTRewriter
 from flydsl.expr import range_constexpr, rocdl
 
 from amd_kernels.common import bf16, buffer, wave
-from amd_kernels.norm.rmsnorm_h2880 import kernel as rms  # the row helpers of the same hidden size
+from amd_kernels.norm import rmsnorm
 
+rms = rmsnorm.Row(2880)  # the row helpers of the RMSNorm kernels, same hidden size
 H = rms.H
 RANKS = 8
 ELEM_BYTES = 2
@@ -136,7 +139,7 @@ def _store_row(s, dst_t, row, lane):
 
 def _gathered_row(y_t, row, lane):
     """A summed bf16 row from the rank that owns it (its registered sums buffer), packed slots."""
-    return rms._load_row(buffer.row_resource(y_t, row, H, ELEM_BYTES), lane)
+    return rms.load(buffer.row_resource(y_t, row, H, ELEM_BYTES), lane)
 
 
 def _sum_row(xs, row, lane):
@@ -167,7 +170,7 @@ def _add_residual(s, res_t, res_out_t, row, lane):
 
 
 def _weight(w_t, lane):
-    return rms._load_row(buffer.tensor_resource(w_t, H * ELEM_BYTES), lane)
+    return rms.load(buffer.tensor_resource(w_t, H * ELEM_BYTES), lane)
 
 
 KW = {"known_block_size": [LANES, 1, 1]}
@@ -205,7 +208,7 @@ def k_fused(
         s = _sum_row(xs, row, lane)
         _finish(sigs, me, wg, rank, epoch)  # the peers' rows are in registers: release the buffers early
         r = _add_residual(s, residual, residual_out, row, lane)
-        rms._store_bf16(lane, row, r, ws, rms._rstd(r, eps), out)
+        rms.store_bf16(lane, row, r, ws, rms.rstd(r, eps), out)
 
 
 @flyc.kernel(name=f"allreduce_fused_add_rmsnorm_mxfp8_ranks{RANKS}_h{H}", **KW)
@@ -223,7 +226,7 @@ def k_fused_mx(
         s = _sum_row(xs, row, lane)
         _finish(sigs, me, wg, rank, epoch)
         r = _add_residual(s, residual, residual_out, row, lane)
-        rms._store_mxfp8(lane, row, r, ws, rms._rstd(r, eps), q, scales)
+        rms.store_mxfp8(lane, row, r, ws, rms.rstd(r, eps), q, scales)
 
 
 @flyc.jit
@@ -325,7 +328,7 @@ def k_fused2(
             row = g * RANKS + o
             if row < m:
                 r = _add_residual(_gathered_row(ys[o], row, lane), residual, residual_out, row, lane)
-                rms._store_bf16(lane, row, r, ws, rms._rstd(r, eps), out)
+                rms.store_bf16(lane, row, r, ws, rms.rstd(r, eps), out)
 
 
 @flyc.kernel(name=f"allreduce_fused_add_rmsnorm_mxfp8_two_stage_ranks{RANKS}_h{H}", **KW)
@@ -351,7 +354,7 @@ def k_fused_mx2(
             row = g * RANKS + o
             if row < m:
                 r = _add_residual(_gathered_row(ys[o], row, lane), residual, residual_out, row, lane)
-                rms._store_mxfp8(lane, row, r, ws, rms._rstd(r, eps), q, scales)
+                rms.store_mxfp8(lane, row, r, ws, rms.rstd(r, eps), q, scales)
 
 
 @flyc.jit

@@ -1,4 +1,5 @@
-"""Host code of the MXFP4 MoE packages: checks, workspace, the variant table and the torch custom op.
+"""Host code of the MXFP4 MoE packages moe/mxfp4_h<H>_i<I>_e<E>_top<k> (the family's device code is the
+package mxfp4_moe/, one module per launch): checks, workspace, the variant table and the torch custom op.
 
 The entry takes the prepared weights (kernels/moe/prepare.py, run once at load time); `prepare_inputs`
 maps a reference's inputs (checkpoint layout) to the entry's, for the harness.
@@ -7,11 +8,13 @@ maps a reference's inputs (checkpoint layout) to the entry's, for the harness.
 """
 
 import weakref
+from functools import partial
 from types import SimpleNamespace
 
 import torch
 
 from amd_kernels import host, warm_up
+from amd_kernels.moe import mxfp4_moe, prepare
 
 WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
 
@@ -37,10 +40,18 @@ def _prepared(package: str, inputs: dict, prepare):
     return weights
 
 
-def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, pipeline, prepare_weights,
-          tp_size: int = 1):
-    """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, max_tokens, launch_args,
-    weight_shapes, weight_dtypes); `prepare_weights`: the package's (prepare.prepare_weights with its shape)."""
+def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: int, activation: str,
+          tp_size: int = 1, small_m_waves: int = 0, kernel=mxfp4_moe):
+    """The entry of the package `package` (its `__name__`): `intermediate` is the model's (unsharded) size,
+    `tp_size` the ranks it is cut over (vLLM's cut, prepare.py), `small_m_waves` > 0 adds a small-M variant
+    (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy)."""
+    shape_token = host.shape_token(package)
+    ip = prepare.padded_intermediate(intermediate, tp_size)
+    # variants, variant_for, max_tokens, launch_args, weight_shapes, weight_dtypes, emulator_workgroups
+    pipeline = kernel.build(hidden, ip, experts, top_k, activation, f"moe_{shape_token}",
+                            small_m_waves=small_m_waves)
+    prepare_weights = partial(prepare.prepare_weights, activation=activation, hidden=hidden,
+                              intermediate=intermediate, experts=experts, tp_size=tp_size)
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in pipeline.variants.items()})
     # One mode: M is a runtime argument of every variant; the small_m variant serves the smallest M.
     modes = {"all": sorted(pipeline.variants)}
@@ -90,5 +101,5 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
 
     op = host.custom_op(f"amd_kernels::{shape_token}_moe", moe, outputs)
     op.max_tokens = pipeline.max_tokens
-    return SimpleNamespace(VARIANTS=table, moe=op,
+    return SimpleNamespace(VARIANTS=table, PIPELINE=pipeline, moe=op, prepare_weights=prepare_weights,
                            prepare_inputs=prepare_inputs, emulator_workgroups=pipeline.emulator_workgroups)

@@ -1,7 +1,8 @@
-"""Host code shared by the MXFP8 GEMM packages gemm/mxfp8_n<N>_k<K> (one package per weight shape).
+"""Host code of the MXFP8 GEMM packages gemm/mxfp8_n<N>_k<K> (one package per weight shape; the family's
+device code is mxfp8_gemm.py).
 
-Each package's kernel.py lists its tiers (tile and waves per workgroup per token range) and builds `VARIANTS`;
-this module checks arguments, allocates the output, picks the tier by token count (one launch), and
+Each package's __init__ lists its tiers (tile and waves per workgroup per token range); this module builds
+the variants, checks arguments, allocates the output, picks the tier by token count (one launch), and
 registers the entry as the torch custom op torch.ops.amd_kernels.<shape token>_mxfp8_gemm.
 
 (No `from __future__ import annotations`: torch.library reads the entry's annotations as types.)
@@ -15,9 +16,14 @@ from amd_kernels import host, warm_up
 from amd_kernels.gemm import mxfp8_gemm
 
 
-def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_variants: dict) -> SimpleNamespace:
-    """`tiers`: name -> mxfp8_gemm.Tier in increasing max_tokens order (the last serves any M)."""
-    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in kernel_variants.items()})
+def build(package: str, N: int, K: int, tiers: dict, chunk: int | None = None, kernel=mxfp8_gemm) -> SimpleNamespace:
+    """The entry of the package `package` (its `__name__`) for a weight [N, K]. `tiers`: name ->
+    mxfp8_gemm.Tier in increasing max_tokens order (the last serves any M); `chunk`: 128-K steps per K chunk
+    (mxfp8_gemm.variants); `kernel`: the module whose `variants(N, K, tiers, chunk)` builds the kernels: the
+    family's mxfp8_gemm.py, or a shape's own tuned copy (its kernel.py)."""
+    shape_token = host.shape_token(package)
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v)
+                                           for k, v in kernel.variants(N, K, tiers, chunk).items()})
     ordered = list(tiers.items())
     KB, STEPS = K // 32, mxfp8_gemm.steps(K)
 
@@ -33,10 +39,6 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
     }
 
     _NOT_PREPARED = "a checkpoint-layout weight? pass it through prepare_weights() once at load time"
-
-    def mode_of(x, *args, **kwargs) -> str:
-        tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
-        return warm_up.mode_by_tokens(tokens)
 
     def weight_hint(t, want: tuple, k_of) -> str:
         """Why a weight's shape is wrong: packed for another N or K (another package's weight), or not packed."""
@@ -73,7 +75,7 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         tokens = check(x, x_scales, w_packed, w_scales_packed, bias)
         return torch.empty((tokens, N), dtype=torch.bfloat16, device=x.device)
 
-    @warm_up.entry(table, modes, mode_of)
+    @warm_up.entry(table, modes, warm_up.mode_by_rows)
     def mxfp8_gemm_entry(
         x: torch.Tensor, x_scales: torch.Tensor, w_packed: torch.Tensor, w_scales_packed: torch.Tensor,
         bias: torch.Tensor,
@@ -96,33 +98,3 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
     op = host.custom_op(f"amd_kernels::{shape_token}_mxfp8_gemm", mxfp8_gemm_entry, outputs)
     op.max_tokens = max_tokens
     return SimpleNamespace(VARIANTS=table, tier_of=tier_of, prepare=prepare, mxfp8_gemm=op, max_tokens=max_tokens)
-
-
-# Set to 1 (before import) to let each tier sum K in its own split, as before issue 19: a few percent fewer
-# instructions in the tiers that run several K chunks in one wave, and fewer VGPRs, but a row's bits then
-# depend on the token count (not batch invariant). Unset: every tier sums in the package's CHUNK_STEPS.
-BATCH_VARIANT_ENV = "AMD_KERNELS_GEMM_BATCH_VARIANT"
-
-
-def variants(N: int, K: int, shape_token: str, tiers: dict, chunk: int | None = None) -> dict:
-    """kernel.py's VARIANTS: tier name -> (launcher, example-args function) for warm-up. `chunk`: 128-K steps
-    per K chunk, shared by every tier (mxfp8_gemm.build); ignored under BATCH_VARIANT_ENV=1."""
-    import os
-
-    import flydsl.expr as fx
-
-    if os.environ.get(BATCH_VARIANT_ENV, "") == "1":
-        chunk = None
-    out = {}
-    for name, tier in tiers.items():
-        launcher = mxfp8_gemm.build(N, K, f"{shape_token.split('_', 1)[1]}_{name}", tier, chunk)
-
-        def example(m: int = 1):
-            return (torch.zeros(m, K, dtype=torch.float8_e4m3fn), torch.zeros(m, K // 32, dtype=torch.uint8),
-                    torch.zeros(N // 16, K // 64, 1024, dtype=torch.float8_e4m3fn),
-                    torch.zeros(N // 16, mxfp8_gemm.steps(K), 64, dtype=torch.uint8),
-                    torch.zeros(N, dtype=torch.bfloat16), torch.zeros(m, N, dtype=torch.bfloat16), m,
-                    fx.Stream(None))
-
-        out[name] = (launcher, example)
-    return out

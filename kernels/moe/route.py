@@ -1,4 +1,5 @@
-"""Router for MoE: logits = bf16(x @ W^T + b), top-k (ties: lower expert id), softmax over the k.
+"""Router for MoE: logits = bf16(x @ W^T + b), top-k (ties: lower expert id), softmax over the k. The device
+code of the moe/route_h<H>_e<E>_top<k> packages (host code: route_entries.py).
 
 One workgroup (4 waves) owns 16 token rows; grid = ceil(M / 16), M a runtime i32.
 - Logits: wave w computes experts [32w, 32w + 32) for the 16 tokens with v_mfma_f32_16x16x32_bf16 (two
@@ -152,6 +153,12 @@ def build(hidden: int, experts: int, top_k: int, name: str):
                 torch.zeros(m, top_k, dtype=torch.int32), m)
 
     return route, example_args
+
+
+
+def variants(hidden: int, experts: int, top_k: int) -> dict:
+    """VARIANTS: one variant serves every token count (decode and prefill)."""
+    return {"route.all": build(hidden, experts, top_k, f"moe_route_h{hidden}_e{experts}_top{top_k}")}
 
 
 def _load_dword(rsrc, byte_offset):
