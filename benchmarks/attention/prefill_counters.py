@@ -67,9 +67,11 @@ def case(tp, S, tokens, prefix, window, sample_tiles):
     nt0 = kp.tiles_of(q_lens[0])
     tiles = sorted({min(t, nt0 - 1) for t in sample_tiles})
 
+    cu = inp["cu_seqlens_q"].tolist()
+
     def chooser(kernel, grid, pointers, read):
         if kernel.startswith("paged_prefill"):
-            return {(nt0 - 1 - t, 0, 0) for t in tiles}
+            return {(kp.workgroup_of(0, t, cu, grid[0]), 0, 0) for t in tiles}
         return set()
 
     with emulator.options(workgroup_filter=chooser), emulator.launches() as recs:
@@ -89,7 +91,10 @@ def case(tp, S, tokens, prefix, window, sample_tiles):
     mfma_total = sum(mfma_of(t, q, L, window) for q, L in zip(q_lens, lens) for t in range(kp.tiles_of(q))) * hkv
     kv_bytes = blk_total * 64 * 128 * 2  # K and V of each block once per Q tile
     distinct_kv = sum(min(L, q + window - 1) if window else L for q, L in zip(q_lens, lens)) * hkv * 128 * 2
+    launched = rec.grid[0] * rec.grid[1] * rec.grid[2]
+    working = sum(kp.tiles_of(q) for q in q_lens) * hkv
     return {"tp": tp, "seqs": S, "tokens": tokens, "prefix": prefix, "window": window,
+            "workgroups_launched": launched, "workgroups_working": working,
             "sampled_tiles": tiles, "sampled_blocks": blk_sampled, "mfma_sampled": mfma,
             "mfma_predicted_sampled": predicted, "load_bytes_sampled": kv_loaded,
             "load_bytes_per_block": kv_loaded / blk_sampled,

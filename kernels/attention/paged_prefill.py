@@ -3,11 +3,15 @@ head_dim 64, 8 query heads per KV head (gpt-oss at TP1 and TP8). Contract: refer
 (paged_attention, the prefill tier's rounding points).
 
 Prefill tier: the sequences with q_len > 1 (q_len 1 belongs to the decode tier, paged_decode.py; q_len 0 is
-padding). Grid (Q tile, KV head, sequence); a workgroup of WAVES waves owns TILE_TOKENS consecutive query
+padding). Grid (batch + chunks, KV head); a workgroup of WAVES waves owns TILE_TOKENS consecutive query
 tokens of one sequence and the 8 query heads of one KV head, so each K/V byte it needs is read once per Q
 tile. Tiles of a sequence start at its first query row: a sequence's tiles, its key order and its bits
-depend only on that sequence (batch invariance). Grid x beyond a sequence's tile count does nothing; x = 0
-takes the sequence's last (longest, causal) tile so the heavy tiles start first.
+depend only on that sequence (batch invariance); which workgroup computes a tile changes nothing in it.
+The host knows the row count but not the sequences' lengths (device data; no sync, graph capture), so the
+grid is an upper bound that wastes at most one workgroup per sequence: x < batch takes sequence x's last
+(longest, causal) tile, the heavy tiles first; the other tiles each start in a distinct TILE_TOKENS-row
+chunk of the batch's rows, and workgroup batch + chunks - 1 - c takes the one starting in chunk c (the
+sequence owning the chunk's first row, found by counting cu_seqlens_q entries; tile_of_workgroup).
 
 Columns: the 8 heads of a token are 8 adjacent MFMA columns, so 16 columns = 2 tokens; wave w owns
 COLS column groups (2 * COLS tokens). Per 64-key cache block (one LDS tile of K and V, loaded by the whole
@@ -74,6 +78,7 @@ WAVE_TOKENS = 2 * COLS
 TILE_TOKENS = WAVES * WAVE_TOKENS  # query tokens per workgroup (Q tile)
 THREADS = WAVES * wave.WAVE
 CHUNKS = BLOCK * ROW_BYTES // 16  # 16-byte pieces of one KV head's 64-key block
+COUNT_ROUND = 4 * wave.WAVE  # cu_seqlens_q entries a wave compares per round (4 loads in flight a lane)
 
 
 def tiles_of(q_len: int) -> int:
@@ -81,9 +86,34 @@ def tiles_of(q_len: int) -> int:
     return -(-q_len // TILE_TOKENS) if q_len > 1 else 0
 
 
-def grid_tiles(tokens: int) -> int:
-    """Grid x of a launch over `tokens` query rows: enough for one sequence holding every row."""
-    return max(1, -(-tokens // TILE_TOKENS))
+def chunks_of(tokens: int) -> int:
+    """TILE_TOKENS-row chunks of a launch over `tokens` query rows (the host knows the row count, not the
+    sequences' lengths: those live on the device). Grid x = batch + chunks."""
+    return -(-tokens // TILE_TOKENS)
+
+
+def tile_of_workgroup(x: int, cu: list, chunks: int):
+    """(sequence, Q tile) that workgroup x computes, or None (host twin of the kernel's rule). x < batch: the
+    last tile of sequence x (the longest under the causal mask, so the heavy tiles start first); x >= batch:
+    chunk c = batch + chunks - 1 - x holds row r = TILE_TOKENS c, owned by sequence b; its tile k with
+    TILE_TOKENS (k + 1) - (r - cu[b]) in [0, TILE_TOKENS), if not the last one. Every tile of every sequence
+    gets exactly one workgroup: two non-last tiles starting in one chunk would be <= TILE_TOKENS apart."""
+    batch = len(cu) - 1
+    if x < batch:
+        n = tiles_of(cu[x + 1] - cu[x])
+        return (x, n - 1) if n else None
+    r = (batch + chunks - 1 - x) * TILE_TOKENS
+    b = min(sum(1 for v in cu if v <= r) - 1, batch - 1)
+    k1 = -(-(r - cu[b]) // TILE_TOKENS)
+    return (b, k1 - 1) if r > cu[b] and k1 * TILE_TOKENS < cu[b + 1] - cu[b] else None
+
+
+def workgroup_of(b: int, tile: int, cu: list, grid_x: int) -> int:
+    """Grid x of Q tile `tile` of sequence b (the inverse of tile_of_workgroup); needs only cu[b], cu[b + 1]
+    and the launch's grid x (batch + chunks)."""
+    if tile == tiles_of(cu[b + 1] - cu[b]) - 1:
+        return b
+    return grid_x - 1 - (cu[b] + TILE_TOKENS * (tile + 1)) // TILE_TOKENS
 
 
 def _i32(v):
@@ -221,7 +251,7 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
 
 def build(kv_heads: int, window: int):
     """Launcher `attend(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out, batch,
-    max_blocks, tiles)`: one launch, grid (tiles, KV heads, batch)."""
+    max_blocks, chunks)`: one launch, grid (batch + chunks, KV heads); chunks = chunks_of(query rows)."""
     Hkv = kv_heads
     Hq = Hkv * GROUP
     kv_row = Hkv * ROW_BYTES
@@ -235,26 +265,42 @@ def build(kv_heads: int, window: int):
     @flyc.kernel(name=name, known_block_size=[THREADS, 1, 1])
     def k_prefill(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,
                   seq_lens: fx.Tensor, block_table: fx.Tensor, sinks: fx.Tensor, out: fx.Tensor,
-                  batch: fx.Int32, max_blocks: fx.Int32):
+                  batch: fx.Int32, max_blocks: fx.Int32, chunks: fx.Int32):
         tid = fx.thread_idx.x
         lane, w = wave.lane_and_wave(tid, WAVES)
         g = lane // 16
         i = lane % 16  # column: token i // 8 of the group, head i % 8
         x = fx.block_idx.x
         h = fx.block_idx.y
-        b = fx.block_idx.z
         lds = fx.SharedAllocator().allocate(Lds).peek()
         kbuf = lds.k.ptr
         vbuf = lds.v.ptr
 
+        # Which Q tile (see tile_of_workgroup, the host twin): x < batch is sequence x's last tile; x >= batch
+        # is 32-row chunk c of the batch's rows (the last chunk first), which holds the start of at most one
+        # other tile: tile k of the sequence owning row 32 c when 32 (k + 1) lands in [32 c - row0, + 32).
         meta = buffer.tensor_resource(cu_seqlens_q, (fx.Int64(batch) + 1) * 4)
+        last = x < batch
+        r = (batch + chunks - 1 - x) * TILE_TOKENS  # first row of the chunk
+        # the sequence owning row r: (cu_seqlens_q entries <= r) - 1, counted by every wave on its own
+        rounds = last.select(_i32(0), (batch + COUNT_ROUND) // COUNT_ROUND)
+        cnt = _i32(0)
+        for it in range(rounds):
+            for u in range_constexpr(COUNT_ROUND // wave.WAVE):
+                j = it * COUNT_ROUND + u * wave.WAVE + lane
+                cu_j = kd._dword(meta, j * 4)
+                cnt = cnt + ((j <= batch) & (cu_j <= r)).select(_i32(1), _i32(0))
+        cnt = wave.wave_sum(cnt)
+        b = kd._uniform(last.select(x, fx.min(cnt - 1, batch - 1)))
         q_lo = kd._uniform(kd._dword(meta, b * 4))
         q_hi = kd._uniform(kd._dword(meta, b * 4 + 4))
         L = kd._uniform(kd._dword(buffer.tensor_resource(seq_lens, fx.Int64(batch) * 4), b * 4))
         ql = q_hi - q_lo
         nt = (ql + (TILE_TOKENS - 1)) // TILE_TOKENS
-        if (ql > 1) & (x < nt) & (ql <= L):
-            tile = nt - 1 - x
+        k1 = (r - q_lo + (TILE_TOKENS - 1)) // TILE_TOKENS  # chunk workgroups: tile k1 - 1 (r >= q_lo)
+        tile = last.select(nt - 1, k1 - 1)
+        real = (last & (ql > 1)) | ((x >= batch) & (r > q_lo) & (k1 * TILE_TOKENS < ql))
+        if real & (ql <= L):
             tok0 = tile * TILE_TOKENS
             pos_base = L - ql  # position of query token 0
             pos_first = pos_base + tok0
@@ -306,9 +352,9 @@ def build(kv_heads: int, window: int):
     @flyc.jit
     def attend(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,
                seq_lens: fx.Tensor, block_table: fx.Tensor, sinks: fx.Tensor, out: fx.Tensor, batch: fx.Int32,
-               max_blocks: fx.Int32, tiles: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+               max_blocks: fx.Int32, chunks: fx.Int32, stream: fx.Stream = fx.Stream(None)):
         k_prefill(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out, batch,
-                  max_blocks).launch(grid=(tiles, Hkv, batch), block=(THREADS, 1, 1), stream=stream)
+                  max_blocks, chunks).launch(grid=(batch + chunks, Hkv, 1), block=(THREADS, 1, 1), stream=stream)
 
     def example(batch: int = 1):
         return (torch.zeros(2, Hq, HEAD_DIM, dtype=torch.bfloat16),
