@@ -37,9 +37,9 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
 from flydsl._mlir import ir
-from flydsl._mlir.dialects import scf
+from flydsl._mlir.dialects import llvm, scf
 from flydsl.compiler.ast_rewriter import ReplaceIfWithDispatch
-from flydsl.expr import gpu, range_constexpr
+from flydsl.expr import gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from amd_kernels.attention import paged_decode as kd
@@ -177,17 +177,19 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
         lo = fx.ptr_load(kbuf + fx.Int64((key * ROW_BYTES + (g ^ sw) * 16) // 4), result_type=T.i32x4)
         hi = fx.ptr_load(kbuf + fx.Int64((key * ROW_BYTES + ((g + 4) ^ sw) * 16) // 4), result_type=T.i32x4)
         kops.append((fx.Vector(lo), fx.Vector(hi)))
-    # V^T operands (the same for every column group)
+    # V^T operands of the 32x32x16 P V for 16-key tile t and dims 32 dh ..: lane l holds dim 32 dh + l % 32,
+    # keys 16 t + 8 (l / 32) .. + 7 (two transposing reads of 4 keys), the same for every column
     vops = []
-    for half in range(2):
+    for t in range(4):
         row = []
-        for d in range(4):
-            key_a = half * 32 + g * 4 + (i // 4)
-            col = d * 16 + 4 * (i % 4)
+        for dh in range(2):
+            key_a = t * 16 + (g // 2) * 8 + (i // 4)
+            col = dh * 32 + (g % 2) * 16 + 4 * (i % 4)
             lo = kd._read_tr(vbuf, key_a * ROW_BYTES + col * 2)
-            hi = kd._read_tr(vbuf, (key_a + 16) * ROW_BYTES + col * 2)
+            hi = kd._read_tr(vbuf, (key_a + 4) * ROW_BYTES + col * 2)
             row.append(lo.shuffle(hi, [0, 1, 2, 3]))
         vops.append(row)
+
     def scores(t):
         out = []
         for c in range(COLS):
@@ -206,7 +208,7 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
             s_all.append(_if(need[t], lambda t=t: scores(t), lambda: [mfma.zeros() for _ in range(COLS)]))
         else:
             s_all.append(scores(t))
-    m_new_all, l_new_all, o_new_all, p_all = [], [], [], []
+    m_new_all, l_new_all, alpha_all, p_all = [], [], [], []
     for c in range(COLS):
         s_t = [s_all[t][c] for t in range(4)]
         vals = []
@@ -232,21 +234,37 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
             lsum = lsum + ps[j]
         l_new_all.append(l_run[c] * alpha + lsum)
         m_new_all.append(m_new)
-        o_new_all.append([o_acc[c][d] * alpha for d in range(4)])
-        p_all.append([fx.Vector.from_elements(ps[8 * half: 8 * half + 8], fx.Float32).to(fx.BFloat16)
-                      .bitcast(fx.Int32) for half in range(2)])
+        alpha_all.append(alpha)
+        # P^T of tile t, this lane's 4 keys 4 g .. 4 g + 3 for column i of group c, as 4 bf16 (2 dwords)
+        p_all.append([fx.Vector.from_elements(ps[4 * t: 4 * t + 4], fx.Float32).to(fx.BFloat16).bitcast(fx.Int32)
+                      for t in range(4)])
+    # O^T[dims, 32 columns] in two 32x32 accumulators: lane l holds column l % 32, i.e. group (l / 16) % 2
+    odd = g % 2 == 1
+    alpha_o = odd.select(alpha_all[1], alpha_all[0])
+    o_new = [[o_acc[0][dh] * alpha_o for dh in range(2)]]
 
-    def pv(half, o_all):
-        return [[mfma.bf16_16x16x32(vops[half][d], p_all[c][half], o_all[c][d]) for d in range(4)]
-                for c in range(COLS)]
+    def pv(t, o):
+        # the B operand (keys 8 (l / 32) .. + 7 of tile t, column l % 32): lanes 16-31 / 48-63 trade group 0's
+        # keys 4-7 / 12-15 for group 1's keys 0-3 / 8-11 with lanes 0-15 / 32-47 (v_permlane16_swap)
+        words = []
+        for k in range(2):
+            words.append(_swap16(p_all[0][t][k], p_all[1][t][k]))
+        p_op = fx.Vector.from_elements([words[0][0], words[1][0], words[0][1], words[1][1]], fx.Int32)
+        return [[mfma.bf16_32x32x16(vops[t][dh], p_op, o[0][dh]) for dh in range(2)]]
 
-    for half in range(2):
-        if masked:  # a half whose two 16-key tiles no row of the wave keeps adds nothing (p = 0): skipped
-            o_new_all = _if_raw(need[2 * half] | need[2 * half + 1], lambda half=half, o=o_new_all: pv(half, o),
-                                o_new_all)
+    for t in range(4):
+        if masked:  # a 16-key tile no row of the wave keeps adds nothing (p = 0): skipped
+            o_new = _if_raw(need[t], lambda t=t, o=o_new: pv(t, o), o_new)
         else:
-            o_new_all = pv(half, o_new_all)
-    return m_new_all, l_new_all, o_new_all
+            o_new = pv(t, o_new)
+    return m_new_all, l_new_all, o_new
+
+
+def _swap16(a, b):
+    """v_permlane16_swap: 16-lane rows 1 and 3 of `a` trade places with rows 0 and 2 of `b` -> (a', b')."""
+    pair = ir.Type.parse("!llvm.struct<(i32, i32)>")
+    res = rocdl.permlane16_swap(pair, fx.as_ir_value(fx.Int32(a)), fx.as_ir_value(fx.Int32(b)), False, False)
+    return fx.Int32(llvm.extractvalue(T.i32, res, [0])), fx.Int32(llvm.extractvalue(T.i32, res, [1]))
 
 
 def build(kv_heads: int, window: int):
@@ -313,10 +331,9 @@ def build(kv_heads: int, window: int):
             sink_rsrc = buffer.tensor_resource(sinks, Hq * 4)
             head = h * GROUP + i % 8
             sink2 = kd._dword(sink_rsrc, head * 4).bitcast(fx.Float32) * LOG2E
-            qops, pos, toks = [], [], []
+            qops, pos = [], []
             for c in range_constexpr(COLS):
                 tok = tok0 + w * WAVE_TOKENS + c * 2 + i // 8
-                toks.append(tok)
                 pos.append(pos_base + tok)
                 off = (tok < ql).select(((q_lo + tok) * Hq + head) * ROW_BYTES + g * 16, _i32(OOB))
                 qops.append((buffer.load_x4(q_rsrc, off), buffer.load_x4(q_rsrc, off + 64)))
@@ -328,7 +345,7 @@ def build(kv_heads: int, window: int):
 
             m_run = [sink2 for _ in range_constexpr(COLS)]
             l_run = [fx.Float32(0.0) for _ in range_constexpr(COLS)]
-            o_acc = [[mfma.zeros() for _ in range_constexpr(4)] for _ in range_constexpr(COLS)]
+            o_acc = [[mfma.zeros32() for _ in range_constexpr(2)]]  # O^T dims 0-31, 32-63 x 32 columns
             for blk in range(blk_lo, mid_lo):  # window start: edge blocks
                 m_run, l_run, o_acc = _block((m_run, l_run, o_acc), blk, True, **ctx)
             for blk in range(mid_lo, mid_hi):  # every key inside every query's range
@@ -337,17 +354,22 @@ def build(kv_heads: int, window: int):
                 m_run, l_run, o_acc = _block((m_run, l_run, o_acc), blk, True, **ctx)
 
             o_rsrc = buffer.tensor_resource(out, fx.Int64(q_hi) * (Hq * ROW_BYTES))
+            inv = []
             for c in range_constexpr(COLS):
                 l_tot = l_run[c] + kd._bpermute_f32(l_run[c], (lane + 16) % 64)
                 l_tot = l_tot + kd._bpermute_f32(l_tot, (lane + 32) % 64)
                 l_tot = l_tot + kd._exp2(sink2 - m_run[c])
-                inv = 1.0 / l_tot
-                row_ok = toks[c] < ql
-                for d in range_constexpr(4):
-                    y = (o_acc[c][d] * inv).to(fx.BFloat16).bitcast(fx.Int32)
-                    off = row_ok.select(((q_lo + toks[c]) * Hq + head) * ROW_BYTES + (d * 16 + g * 4) * 2,
-                                        _i32(OOB))
-                    buffer.store(y, o_rsrc, off)
+                inv.append(1.0 / l_tot)
+            # lane l holds column l % 32 of O^T: group (l / 16) % 2, token 2 group + i / 8, head i % 8
+            odd = g % 2 == 1
+            tok = tok0 + w * WAVE_TOKENS + (g % 2) * 2 + i // 8
+            row_ok = tok < ql
+            for dh in range_constexpr(2):
+                y = (o_acc[0][dh] * odd.select(inv[1], inv[0])).to(fx.BFloat16).bitcast(fx.Int32)
+                for q4 in range_constexpr(4):  # registers 4 q4 .. + 3: dims 32 dh + 8 q4 + 4 (l / 32) .. + 3
+                    off = row_ok.select(((q_lo + tok) * Hq + head) * ROW_BYTES
+                                        + (dh * 32 + q4 * 8 + (g // 2) * 4) * 2, _i32(OOB))
+                    buffer.store(y.shuffle(y, [2 * q4, 2 * q4 + 1]), o_rsrc, off)
 
     @flyc.jit
     def attend(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,

@@ -9,6 +9,9 @@ v_mfma_scale_f32_16x16x128_f8f6f4 (K = 128, E8M0 block scales per 32 along K):
   two 16-byte halves, as FlyDSL's hardware-checked fp8 x fp4 preshuffle GEMM reads them.
   Scales: lane l's scale VGPR byte `op_sel` scales row (A) / column (B) l%16 of K-block l/16.
 C/D (both forms): lane l, register r holds D[4*(l/16) + r][l%16].
+v_mfma_f32_32x32x16_bf16 (A 32x16, B 16x32, C/D 32x32 fp32, twice the 16x16x32 work):
+  lane l holds A[l%32][8*(l/32) + j] and B[8*(l/32) + j][l%32], j = 0..7; C/D: 16 registers, lane l,
+  register r holds D[8*(r/4) + 4*(l/32) + r%4][l%32].
 """
 
 from __future__ import annotations
@@ -41,4 +44,16 @@ def scale_fp8_fp4(a_i32x8, b_i32x4, acc, scale_a, sel_a: int, scale_b, sel_b: in
         [fx.as_ir_value(a_i32x8), fx.as_ir_value(b_i32x4), fx.as_ir_value(acc), FMT_FP8, FMT_FP4,
          sel_a, fx.as_ir_value(scale_a), sel_b, fx.as_ir_value(scale_b)],
     )
+    return fx.Vector(res)
+
+
+def zeros32():
+    return fx.Vector.filled(16, 0.0, fx.Float32)
+
+
+def bf16_32x32x16(a_i32x4, b_i32x4, acc):
+    """acc (16 x f32) += A x B, 32x32x16, A and B as 16-byte vectors of 8 bf16 (see the module docstring)."""
+    a = fx.as_ir_value(a_i32x4.bitcast(fx.BFloat16))
+    b = fx.as_ir_value(b_i32x4.bitcast(fx.BFloat16))
+    res = rocdl.mfma_f32_32x32x16_bf16(T.vec(16, T.f32), [a, b, fx.as_ir_value(acc), 0, 0, 0])
     return fx.Vector(res)
