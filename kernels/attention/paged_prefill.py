@@ -14,20 +14,25 @@ chunk of the batch's rows, and workgroup batch + chunks - 1 - c takes the one st
 sequence owning the chunk's first row, found by counting cu_seqlens_q entries; tile_of_workgroup).
 
 Columns: the 8 heads of a token are 8 adjacent MFMA columns, so 16 columns = 2 tokens; wave w owns
-COLS column groups (2 * COLS tokens). Per 64-key cache block (one LDS tile of K and V, loaded by the whole
-workgroup with 16-byte global loads; K rows XOR-swizzled against LDS bank conflicts):
+COLS column groups (2 * COLS tokens). Per 64-key cache block (one LDS tile of K and V: the whole workgroup's
+16-byte global loads of block n + 1 are issued before block n's math and stored to LDS when block n + 1
+starts, a prefetch in 8 VGPRs with one LDS buffer; K's and V's 16-byte chunks XOR-swizzled by key against
+LDS bank conflicts):
 - S^T[16 keys, 16 columns] = K[16 keys, 64] x Q^T[64, 16 columns] (v_mfma_f32_16x16x32_bf16, two K steps);
   lane l, register r holds the score of key 4 (l / 16) + r of the 16-key tile, column l % 16. Q stays in
   registers for the whole tile (read once).
 - Online softmax per column in fp32 with exp2 (scores times 64**-0.5 * log2 e); the running max starts at
   the sink logit (so the sink is folded into the state once) and exp2(sink - m) joins the sum at the end.
-- O^T[16 dims, 16 columns] += V^T[16 dims, 32 keys] x P^T[32 keys, 16 columns], P rounded to bf16; V^T comes
-  from LDS through ds_read_b64_tr_b16 in the key order the P^T registers hold (as in the decode kernel).
+- O^T[32 dims, 32 columns] += V^T[32 dims, 16 keys] x P^T[16 keys, 32 columns] per 16-key tile
+  (v_mfma_f32_32x32x16_bf16, two for the 64 dims; the wave's 32 columns in one accumulator pair), P rounded
+  to bf16. Its B operand wants lane l to hold column l % 32 and keys 8 (l / 32) .. + 7, while the scores
+  leave column l % 16 of each group and keys 4 (l / 16) ..: v_permlane16_swap trades group 0's keys 4-7 in
+  rows 1 / 3 for group 1's keys 0-3 in rows 0 / 2. V^T from LDS through ds_read_b64_tr_b16.
 Masks: the key blocks a tile needs are [first, last] (causal: up to its last query's position; window:
 from its first query's position - W + 1). Blocks wholly inside every query's range run unmasked; only the
 edge blocks (the causal diagonal, the window's start) compare positions, and there each wave skips the
-Q K^T MFMAs of the 16-key tiles and the P V MFMAs of the 32-key halves none of its rows keeps (a wave-uniform
-branch; the skipped scores would all be masked, so the bits are the same). Keys past the sequence's length
+Q K^T and P V MFMAs of the 16-key tiles none of its rows keeps (a wave-uniform branch; the skipped scores
+would all be masked, so the bits are the same). Keys past the sequence's length
 load as zeros (buffer range check), so cache garbage never enters.
 """
 
@@ -138,37 +143,61 @@ def _block_ranges(pos_first, pos_last, window: int):
     return blk_lo, mid_lo, mid_hi, blk_hi
 
 
-def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos, window, qops, sink2):
-    """One 64-key block: load it to LDS (whole workgroup), then this wave's columns. `masked` (Python bool)
-    compiles the position compares (edge blocks only) and skips, per wave, the MFMAs of the 16-key tiles no
-    row of the wave keeps (wpos: the wave's first and last query position). -> (m_run, l_run, o_acc)."""
-    m_run, l_run, o_acc = state
-    kbuf, vbuf = lds
-    bt_rsrc, b, max_blocks, key_cache, value_cache = rsrcs
-    g = lane // 16
-    i = lane % 16
+def _v_byte(key, col):
+    """LDS byte of V[key][col]: 16-byte chunk col / 8 XOR-swizzled by 2 (key % 4), so the 4 keys one 16-lane
+    ds_read_b64_tr_b16 pass reads land their 8 chunks on distinct banks."""
+    return key * ROW_BYTES + ((col // 8) ^ ((key % 4) * 2)) * 16 + (col % 8) * 2
+
+
+def _issue(pb, blk, ok, *, rsrcs, h, kv_row, tid, L):
+    """Start the global loads of K/V block `blk` (cache block `pb`) into registers: zeros for keys past L or
+    when not `ok` (past the tile's last block). -> (K vectors, V vectors), one per chunk of this thread."""
+    _, _, _, key_cache, value_cache = rsrcs
     block_bytes = BLOCK * kv_row
-    pb = wave.uniform_i32(kd._dword(bt_rsrc, (b * max_blocks + blk) * 4))
     base = fx.Int64(pb) * block_bytes
     k_rsrc = buffer.rocdl.get_buffer_rsrc(buffer.rocdl.make_buffer_ptr(
         fx.add_offset(fx.get_iter(key_cache), base // 2), num_records_bytes=fx.Int64(block_bytes)))
     v_rsrc = buffer.rocdl.get_buffer_rsrc(buffer.rocdl.make_buffer_ptr(
         fx.add_offset(fx.get_iter(value_cache), base // 2), num_records_bytes=fx.Int64(block_bytes)))
+    kin, vin = [], []
+    for u in range(CHUNKS // THREADS):
+        c = tid + u * THREADS
+        key = c // 8
+        off = (ok & (blk * BLOCK + key < L)).select(key * kv_row + h * ROW_BYTES + (c % 8) * 16, _i32(OOB))
+        kin.append(buffer.load_x4(k_rsrc, off))
+        vin.append(buffer.load_x4(v_rsrc, off))
+    return kin, vin
+
+
+def _table(rsrcs, blk):
+    """Block table entry `blk` of the sequence, as loaded (a VGPR; made wave-uniform where it is used)."""
+    bt_rsrc, b, max_blocks, _, _ = rsrcs
+    return kd._dword(bt_rsrc, (b * max_blocks + blk) * 4)
+
+
+def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos, window, qops, sink2, blk_hi):
+    """One 64-key block: store its K/V (loaded during the previous block) to LDS (whole workgroup), start the
+    next block's loads, then this wave's columns. `masked` (Python bool) compiles the position compares (edge
+    blocks only) and skips, per wave, the MFMAs of the 16-key tiles no row of the wave keeps (wpos: the wave's
+    first and last query position). -> (m_run, l_run, o_acc, next block's K, V, the block after's table
+    entry)."""
+    m_run, l_run, o_acc, kin, vin, pb_next = state
+    kbuf, vbuf = lds
+    g = lane // 16
+    i = lane % 16
     key0 = blk * BLOCK
-    kin, vin, dst = [], [], []
+    gpu.barrier()  # every wave is done with the previous block's LDS
     for u in range(CHUNKS // THREADS):
         c = tid + u * THREADS
         key = c // 8
         part = c % 8
-        off = (key0 + key < L).select(key * kv_row + h * ROW_BYTES + part * 16, _i32(OOB))
-        kin.append(buffer.load_x4(k_rsrc, off))
-        vin.append(buffer.load_x4(v_rsrc, off))
-        dst.append((key * ROW_BYTES + ((part ^ (key % 8)) * 16), c * 16))
-    gpu.barrier()  # every wave is done with the previous block's LDS
-    for u in range(CHUNKS // THREADS):
-        fx.ptr_store(kin[u], kbuf + fx.Int64(dst[u][0] // 4))
-        fx.ptr_store(vin[u], vbuf + fx.Int64(dst[u][1] // 4))
+        fx.ptr_store(kin[u], kbuf + fx.Int64((key * ROW_BYTES + ((part ^ (key % 8)) * 16)) // 4))
+        fx.ptr_store(vin[u], vbuf + fx.Int64(_v_byte(key, part * 8) // 4))
     gpu.barrier()
+    # prefetch: the next block's K/V and the table entry of the one after, in flight during this block's math
+    kin, vin = _issue(wave.uniform_i32(pb_next), blk + 1, blk + 1 < blk_hi, rsrcs=rsrcs, h=h, kv_row=kv_row,
+                      tid=tid, L=L)
+    pb_next = _table(rsrcs, blk + 2)
     # K operands: tile t = keys 16 t + i, dims 8 g .. and 32 + 8 g .. (swizzled chunk g ^ key % 8)
     kops = []
     for t in range(4):
@@ -185,8 +214,8 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
         for dh in range(2):
             key_a = t * 16 + (g // 2) * 8 + (i // 4)
             col = dh * 32 + (g % 2) * 16 + 4 * (i % 4)
-            lo = kd._read_tr(vbuf, key_a * ROW_BYTES + col * 2)
-            hi = kd._read_tr(vbuf, (key_a + 4) * ROW_BYTES + col * 2)
+            lo = kd._read_tr(vbuf, _v_byte(key_a, col))
+            hi = kd._read_tr(vbuf, _v_byte(key_a + 4, col))
             row.append(lo.shuffle(hi, [0, 1, 2, 3]))
         vops.append(row)
 
@@ -257,7 +286,7 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
             o_new = _if_raw(need[t], lambda t=t, o=o_new: pv(t, o), o_new)
         else:
             o_new = pv(t, o_new)
-    return m_new_all, l_new_all, o_new
+    return m_new_all, l_new_all, o_new, kin, vin, pb_next
 
 
 def _swap16(a, b):
@@ -341,17 +370,24 @@ def build(kv_heads: int, window: int):
             wpos0 = pos_base + tok0 + w * WAVE_TOKENS  # this wave's query positions (wave-uniform)
             ctx = dict(lds=(kbuf, vbuf), rsrcs=(bt_rsrc, b, max_blocks, key_cache, value_cache), h=h,
                        kv_row=kv_row, lane=lane, tid=tid, L=L, pos=pos, wpos=(wpos0, wpos0 + WAVE_TOKENS - 1),
-                       window=window, qops=qops, sink2=sink2)
+                       window=window, qops=qops, sink2=sink2, blk_hi=blk_hi)
 
             m_run = [sink2 for _ in range_constexpr(COLS)]
             l_run = [fx.Float32(0.0) for _ in range_constexpr(COLS)]
             o_acc = [[mfma.zeros32() for _ in range_constexpr(2)]]  # O^T dims 0-31, 32-63 x 32 columns
+            # the first block's K/V loads and the second's table entry (each block prefetches the next)
+            kin, vin = _issue(wave.uniform_i32(_table(ctx["rsrcs"], blk_lo)), blk_lo, blk_lo < blk_hi,
+                              rsrcs=ctx["rsrcs"], h=h, kv_row=kv_row, tid=tid, L=L)
+            pb_next = _table(ctx["rsrcs"], blk_lo + 1)
             for blk in range(blk_lo, mid_lo):  # window start: edge blocks
-                m_run, l_run, o_acc = _block((m_run, l_run, o_acc), blk, True, **ctx)
+                m_run, l_run, o_acc, kin, vin, pb_next = _block((m_run, l_run, o_acc, kin, vin, pb_next), blk,
+                                                                True, **ctx)
             for blk in range(mid_lo, mid_hi):  # every key inside every query's range
-                m_run, l_run, o_acc = _block((m_run, l_run, o_acc), blk, False, **ctx)
+                m_run, l_run, o_acc, kin, vin, pb_next = _block((m_run, l_run, o_acc, kin, vin, pb_next), blk,
+                                                                False, **ctx)
             for blk in range(mid_hi, blk_hi):  # causal diagonal: edge blocks
-                m_run, l_run, o_acc = _block((m_run, l_run, o_acc), blk, True, **ctx)
+                m_run, l_run, o_acc, kin, vin, pb_next = _block((m_run, l_run, o_acc, kin, vin, pb_next), blk,
+                                                                True, **ctx)
 
             o_rsrc = buffer.tensor_resource(out, fx.Int64(q_hi) * (Hq * ROW_BYTES))
             inv = []
