@@ -64,6 +64,16 @@ class Cost:
     flops_per_s: float = MXFP8_FLOPS_PER_S  # the dense peak of the op's math (bf16: 2.5 PFLOP/s)
 
 
+def mfma_units(counts: dict) -> float:
+    """MFMA instructions counted in the unit of the costs' min_mfma (the gfx950 16x16 forms): a 32x32 form
+    takes the same operand registers and does twice the multiply-adds, so it counts 2."""
+    total = 0
+    for mnemonic, n in counts.items():
+        m = costmodel._MFMA_SHAPE.match(mnemonic)
+        total += n * (int(m.group(1)) // 16 if m else 1)
+    return total
+
+
 def floor_us(cost: Cost) -> dict:
     terms = {"memory": cost.min_bytes / HBM_BYTES_PER_S * 1e6, "compute": cost.flops / cost.flops_per_s * 1e6,
              "xgmi": cost.link_bytes / (costmodel.XGMI_LINKS * costmodel.XGMI_BYTES_PER_S) * 1e6}
@@ -126,12 +136,12 @@ def measure_emulator(bench, tokens: int, dims: dict | None = None, op: str | Non
             totals[k] += c.get(k, 0) * scale
         for k in ("global_load_distinct_bytes", "global_store_distinct_bytes"):
             totals[k] += c.get(k, 0) if scale == 1 else float("nan")
-        totals["mfma"] += sum(c.get("mfma", {}).values()) * scale
+        totals["mfma"] += mfma_units(c.get("mfma", {})) * scale
         launches.append({"kernel": r.kernel_name, "grid": list(r.grid), "workgroups": _wgs(r.grid),
                          "waves_per_workgroup": -(-_wgs(r.block) // 64), "sampled": scale != 1,
                          "load_distinct": c.get("global_load_distinct_bytes", 0) if scale == 1 else None,
                          "store_distinct": c.get("global_store_distinct_bytes", 0) if scale == 1 else None,
-                         "mfma": int(sum(c.get("mfma", {}).values()) * scale)})
+                         "mfma": int(mfma_units(c.get("mfma", {})) * scale)})
     cost = _cost(bench, tokens, dims, op)
     projected = _project(model_in, cost)
     for launch, proj in zip(launches, projected["launches"]):

@@ -116,4 +116,30 @@ def test_prefill_tiles_and_tiers():
     from amd_kernels.attention import paged_prefill as kp
 
     assert [kp.tiles_of(n) for n in (0, 1, 2, 32, 33, 63, 64, 65, 8192)] == [0, 0, 1, 1, 2, 2, 2, 3, 256]
-    assert kp.grid_tiles(0) == 1 and kp.grid_tiles(8192) == 256
+    assert kp.chunks_of(0) == 0 and kp.chunks_of(33) == 2 and kp.chunks_of(8192) == 256
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefill_workgroups_cover_every_tile_once(seed):
+    """The host twin of the prefill grid (batch + chunks workgroups): every Q tile of every sequence has exactly
+    one workgroup, workgroup_of inverts it, and about one workgroup a sequence idles."""
+    from amd_kernels.attention import paged_prefill as kp
+
+    gen = torch.Generator().manual_seed(seed)
+    B = int(torch.randint(1, 40, (1,), generator=gen))
+    q_lens = [int(v) for v in torch.randint(0, 4, (B,), generator=gen)]  # many short (0, 1, 2, 3 rows) ...
+    for b in torch.randint(0, B, (B // 3 + 1,), generator=gen).tolist():
+        q_lens[b] = int(torch.randint(1, 300, (1,), generator=gen))  # ... some long
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    pad = int(torch.randint(0, 70, (1,), generator=gen))  # graph-padding rows past cu[-1]
+    chunks = kp.chunks_of(cu[-1] + pad)
+    got = [kp.tile_of_workgroup(x, cu, chunks) for x in range(B + chunks)]
+    tiles = [t for t in got if t is not None]
+    want = [(b, t) for b in range(B) for t in range(kp.tiles_of(q_lens[b]))]
+    assert sorted(tiles) == want
+    assert all(got[kp.workgroup_of(b, t, cu, B + chunks)] == (b, t) for b, t in want)
+    # idle: the x < B of sequences without tiles, and chunks holding only last tiles' rows, rows of q_len <= 1
+    # sequences and padding rows
+    assert len(got) - len(tiles) <= B + 1 + (sum(n for n in q_lens if n <= 1) + pad) // kp.TILE_TOKENS

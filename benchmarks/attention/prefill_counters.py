@@ -6,6 +6,8 @@ minimum (the causal / window triangle, benchmarks/attention/attention_cost.py) a
 2.5 PFLOP/s). A whole run of a small case (benchmarks.runner) checks the extrapolation.
 
     AMD_KERNELS_SANITIZE=0 ./env.sh python3 -m benchmarks.attention.prefill_counters 8   # TP size 1 or 8
+
+One JSON line a case, then a markdown table (MFMA and bytes against the minimum, the floors, workgroups).
 """
 import importlib
 import json
@@ -17,6 +19,7 @@ device.setup()
 from harness import emulator
 from references import attention as ra
 from benchmarks.attention.attention_cost import BF16_FLOPS_PER_S, paged_prefill_cost
+from benchmarks.runner import HBM_BYTES_PER_S, mfma_units
 from amd_kernels.attention import paged_prefill as kp
 
 
@@ -36,22 +39,23 @@ def blocks_of(tile, q_len, L, window):
 
 
 def mfma_of(tile, q_len, L, window):
-    """MFMAs of one Q tile and KV head: every wave's Q K^T of the 16-key tiles and P V of the 32-key halves
+    """MFMA work (16x16x32 units) of one Q tile and KV head: every wave's Q K^T and P V of the 16-key tiles
     it keeps in edge blocks, all of them in the others (the kernel's rule)."""
     lo, mid_lo, mid_hi, hi = blocks_of(tile, q_len, L, window)
-    per_wave = 4 * 2 * kp.COLS + 2 * 4 * kp.COLS
+    per_tile = 2 * kp.COLS + 2 * 2  # Q K^T: 2 a column group; P V: two 32x32x16, each 2 units of work
     n = 0
     for blk in range(lo, hi):
         if mid_lo <= blk < mid_hi:
-            n += kp.WAVES * per_wave
+            n += kp.WAVES * 4 * per_tile
             continue
         for w in range(kp.WAVES):
             p0 = L - q_len + tile * kp.TILE_TOKENS + w * kp.WAVE_TOKENS
             p1 = p0 + kp.WAVE_TOKENS - 1
             need = [blk * 64 + 16 * t <= p1 and (not window or blk * 64 + 16 * t + 15 > p0 - window)
                     for t in range(4)]
-            n += sum(need) * 2 * kp.COLS + sum(need[2 * h] or need[2 * h + 1] for h in range(2)) * 4 * kp.COLS
+            n += sum(need) * per_tile
     return n
+
 
 
 def case(tp, S, tokens, prefix, window, sample_tiles):
@@ -67,16 +71,18 @@ def case(tp, S, tokens, prefix, window, sample_tiles):
     nt0 = kp.tiles_of(q_lens[0])
     tiles = sorted({min(t, nt0 - 1) for t in sample_tiles})
 
+    cu = inp["cu_seqlens_q"].tolist()
+
     def chooser(kernel, grid, pointers, read):
         if kernel.startswith("paged_prefill"):
-            return {(nt0 - 1 - t, 0, 0) for t in tiles}
+            return {(kp.workgroup_of(0, t, cu, grid[0]), 0, 0) for t in tiles}
         return set()
 
     with emulator.options(workgroup_filter=chooser), emulator.launches() as recs:
         pkg.paged_attention(**inp)
     rec = [r for r in recs if r.kernel_name.startswith("paged_prefill")][0]
     c = rec.counters
-    mfma = sum(c.get("mfma", {}).values())
+    mfma = mfma_units(c.get("mfma", {}))
     nblocks = lambda t, q, L: blocks_of(t, q, L, window)[3] - blocks_of(t, q, L, window)[0]  # noqa: E731
     blk_sampled = sum(nblocks(t, q_lens[0], lens[0]) for t in tiles)
     predicted = sum(mfma_of(t, q_lens[0], lens[0], window) for t in tiles)
@@ -89,14 +95,34 @@ def case(tp, S, tokens, prefix, window, sample_tiles):
     mfma_total = sum(mfma_of(t, q, L, window) for q, L in zip(q_lens, lens) for t in range(kp.tiles_of(q))) * hkv
     kv_bytes = blk_total * 64 * 128 * 2  # K and V of each block once per Q tile
     distinct_kv = sum(min(L, q + window - 1) if window else L for q, L in zip(q_lens, lens)) * hkv * 128 * 2
+    launched = rec.grid[0] * rec.grid[1] * rec.grid[2]
+    working = sum(kp.tiles_of(q) for q in q_lens) * hkv
     return {"tp": tp, "seqs": S, "tokens": tokens, "prefix": prefix, "window": window,
+            "workgroups_launched": launched, "workgroups_working": working,
             "sampled_tiles": tiles, "sampled_blocks": blk_sampled, "mfma_sampled": mfma,
             "mfma_predicted_sampled": predicted, "load_bytes_sampled": kv_loaded,
             "load_bytes_per_block": kv_loaded / blk_sampled,
             "mfma_total": mfma_total, "mfma_min": cost.min_mfma, "mfma_vs_min": mfma_total / cost.min_mfma,
             "kv_bytes_once_per_tile": kv_bytes, "kv_distinct_min": distinct_kv,
             "kv_tile_reads_vs_distinct": kv_bytes / distinct_kv,
-            "flops_min": cost.flops, "floor_us": cost.flops / BF16_FLOPS_PER_S * 1e6}
+            "flops_min": cost.flops, "floor_us": cost.flops / BF16_FLOPS_PER_S * 1e6,
+            # bytes: K/V once per Q tile, q read and out written once, metadata (~ the minimum's) against the
+            # minimum (every K/V byte once); the memory floor at 8 TB/s
+            "bytes_issued": kv_bytes + cost.min_bytes - distinct_kv, "bytes_min": cost.min_bytes,
+            "floor_bytes_us": cost.min_bytes / HBM_BYTES_PER_S * 1e6,
+            "lds_bank_conflicts_sampled": c.get("lds_bank_conflicts", 0)}
+
+
+def table(rows: list[dict]) -> str:
+    """The closing note's table: MFMA and bytes against the minimum and the floors, per case."""
+    out = ["| sequences x new tokens | cached prefix | layer | MFMA / min | bytes / min (K/V once per Q tile) "
+           "| floor: FLOPs / memory (us) | workgroups launched / working |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['seqs']} x {r['tokens'] // r['seqs']} | {r['prefix']} | "
+                   f"{'window' if r['window'] else 'full'} | {r['mfma_vs_min']:.3f} | "
+                   f"{r['bytes_issued'] / r['bytes_min']:.2f} | {r['floor_us']:.2f} / {r['floor_bytes_us']:.2f} | "
+                   f"{r['workgroups_launched']} / {r['workgroups_working']} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
@@ -109,3 +135,5 @@ if __name__ == "__main__":
                 r = case(tp, S, tokens, prefix, window, [0, 1, 10_000])
                 r["seconds"] = round(time.time() - t0, 1)
                 print(json.dumps(r), flush=True)
+                out.append(r)
+    print(f"\nTP{tp}\n" + table(out))

@@ -32,6 +32,16 @@ EMULATOR_TILES = 3
 PREFILL = "prefill_"  # variant key prefix of the prefill tier: prefill_full, prefill_window
 
 
+def _read_cu_upto(read, cu_ptr: int, row: int, most: int) -> list:
+    """cu_seqlens_q[0 .. j] for the first j with cu_seqlens_q[j] > row (the sequences up to the one holding
+    query row `row`, a real row), read entry by entry so nothing past the tensor is read; at most `most` + 1
+    entries (a prefill launch's grid x is at least its batch)."""
+    cu = []
+    while len(cu) <= most and (not cu or cu[-1] <= row):
+        cu.append(int(torch.frombuffer(bytearray(read(cu_ptr + 4 * len(cu), 4)), dtype=torch.int32)[0]))
+    return cu
+
+
 def variants(kv_heads: int, max_splits: int, min_split_blocks: int) -> dict:
     table = {key: kd.build(kv_heads, w, max_splits, min_split_blocks) for key, w in WINDOWS.items()}
     # the fp8 e4m3 KV tier (entry paged_attention_fp8, decode only): "<window key>_fp8"
@@ -140,9 +150,9 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         key = next(k for k, w in WINDOWS.items() if w == sliding_window)
         launch(key, q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, (), out)
         T, B = q.shape[0], seq_lens.shape[0]
-        if T and B != T:  # q_len > 1 possible: the prefill tier (its grid x covers one sequence of every row)
+        if T and B != T:  # q_len > 1 possible: the prefill tier (grid x: each sequence's last tile + chunks)
             table[PREFILL + key](q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out,
-                                 B, block_table.shape[1], kp.grid_tiles(T), host.stream_of(q))
+                                 B, block_table.shape[1], kp.chunks_of(T), host.stream_of(q))
         return out
 
     # ---- the fp8 e4m3 KV tier: the decode kernels reading E4M3 codes (paged_decode.py), scales per tensor
@@ -178,8 +188,12 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         main = not kernel.endswith("_merge")
         prefill = kernel.startswith("paged_prefill")
         cu_ptr, lens_ptr = (pointers[3], pointers[4]) if main else (pointers[0], pointers[1])  # every tier
-        batch = grid[2] if main else grid[1]
-        cu = torch.frombuffer(bytearray(read(cu_ptr, (batch + 1) * 4)), dtype=torch.int32).tolist()
+        if prefill:  # grid (batch + chunks, KV heads): read cu_seqlens_q up to the last sampled row's sequence
+            cu = _read_cu_upto(read, cu_ptr, max(tokens, default=0), grid[0])
+            batch = len(cu) - 1
+        else:
+            batch = grid[2] if main else grid[1]
+            cu = torch.frombuffer(bytearray(read(cu_ptr, (batch + 1) * 4)), dtype=torch.int32).tolist()
         lens = torch.frombuffer(bytearray(read(lens_ptr, batch * 4)), dtype=torch.int32).tolist()
         chosen = set()
         for b in range(batch):
@@ -193,9 +207,9 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
                 if len(tiles) > EMULATOR_TILES:
                     tiles = [tiles[0], tiles[len(tiles) // 2], tiles[-1]]
             for h in heads:
-                if prefill:  # grid x = tiles - 1 - tile (the heavy last tile first)
+                if prefill:
                     nt = kp.tiles_of(cu[b + 1] - cu[b])
-                    chosen |= {(nt - 1 - t, h, b) for t in tiles if nt}
+                    chosen |= {(kp.workgroup_of(b, t, cu, grid[0]), h, 0) for t in tiles if nt}
                 elif main:
                     chosen |= {(x, h, b) for x in range(grid[0])}
                 else:

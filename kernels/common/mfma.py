@@ -11,6 +11,9 @@ v_mfma_scale_f32_16x16x128_f8f6f4 (K = 128, E8M0 block scales per 32 along K; `s
   Scales: lane l's scale VGPR byte `op_sel` scales row (A) / column (B) l%16 of K-block l/16 (elements
   [32g, 32g + 32) of the step). Scales must be VGPRs (SGPR scales read the wrong bits on gfx950).
 C/D (both forms): lane l, register r holds D[4*(l/16) + r][l%16].
+v_mfma_f32_32x32x16_bf16 (A 32x16, B 16x32, C/D 32x32 fp32, twice the 16x16x32 work):
+  lane l holds A[l%32][8*(l/32) + j] and B[8*(l/32) + j][l%32], j = 0..7; C/D: 16 registers, lane l,
+  register r holds D[8*(r/4) + 4*(l/32) + r%4][l%32].
 """
 
 from __future__ import annotations
@@ -65,3 +68,15 @@ def load_u8(rsrc, byte_offset):
     """`buffer_load_ubyte` -> i32 holding the byte in bits 0..7 (0 when out of range): a scale byte."""
     raw = rocdl.raw_ptr_buffer_load(T.i8, rsrc, _ir(byte_offset), _ir(0))
     return fx.Int32(fx.Int8(raw).to(fx.Int32)) & 0xFF
+
+
+def zeros32():
+    return fx.Vector.filled(16, 0.0, fx.Float32)
+
+
+def bf16_32x32x16(a_i32x4, b_i32x4, acc):
+    """acc (16 x f32) += A x B, 32x32x16, A and B as 16-byte vectors of 8 bf16 (see the module docstring)."""
+    a = fx.as_ir_value(a_i32x4.bitcast(fx.BFloat16))
+    b = fx.as_ir_value(b_i32x4.bitcast(fx.BFloat16))
+    res = rocdl.mfma_f32_32x32x16_bf16(T.vec(16, T.f32), [a, b, fx.as_ir_value(acc), 0, 0, 0])
+    return fx.Vector(res)
