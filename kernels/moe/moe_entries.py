@@ -2,8 +2,9 @@
 
 The entry takes the prepared weights (kernels/moe/prepare.py, run once at load time); `prepare_inputs`
 maps a reference's inputs (checkpoint layout) to the entry's, for the harness. A package given its router
-(`route`: the route package's launcher variant) also gets `routed`: the router's launch, then the same MoE
-launches, from the hidden states and the router's weight and bias (what vLLM's FusedMoE layer receives).
+(`route`: the route package's launcher variant) also gets `routed`: from the hidden states and the router's
+weight and bias (what vLLM's FusedMoE layer receives), the router's launch, then the MoE's with the combine
+folded into down (mxfp4_moe/fused.py: 4 launches in all, the same bits as route + moe).
 
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
@@ -45,10 +46,12 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
     """`pipeline`: what mxfp4_moe.build returns (variants, variant_for, max_tokens, launch_args,
     weight_shapes, weight_dtypes); `prepare_weights`: the package's (prepare.prepare_weights with its shape);
     `route`: None, or the router's (launcher, example_args) for this hidden size, expert count and top-k,
-    which adds the `routed` entry (its variant "route.all" joins this package's table)."""
+    which adds the `routed` entry (its variants "route.all" and the pipeline's "fused.*" join this package's
+    table)."""
     variants = dict(pipeline.variants)
     if route is not None:
         variants[ROUTE_KEY] = route
+        variants.update(pipeline.fused_variants)
     table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in variants.items()})
     # One mode: M is a runtime argument of every variant; the small_m variant serves the smallest M.
     modes = {"all": sorted(pipeline.variants)}
@@ -109,7 +112,9 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
 
     # The router's i32 byte offsets into x [M, hidden] bf16 bound M too.
     routed_max_tokens = min(pipeline.max_tokens, host.max_tokens_for(hidden * 2))
-    routed_modes = {mode: [ROUTE_KEY, *keys] for mode, keys in modes.items()}
+    # The MoE variant of a token count, with the combine folded into down (mxfp4_moe/fused.py): same bits.
+    fused_key = {k: k.replace("moe.", "fused.", 1) for k in pipeline.variants}
+    routed_modes = {mode: [ROUTE_KEY, *(fused_key[k] for k in keys)] for mode, keys in modes.items()}
 
     def routed_outputs(x, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
         """The checks and the output, shared by the routed entry and its fake (host.custom_op)."""
@@ -130,9 +135,12 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
         if m:
             topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
             topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
-            table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, host.stream_of(x))
-            launch_moe(x, topk_weights, topk_ids, dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2,
-                                                      w2_scale=w2_scale, w2_bias=w2_bias, shard=shard), out)
+            stream = host.stream_of(x)
+            table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
+            key = fused_key[pipeline.variant_for(m)]
+            given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
+                         shard=shard)
+            table[key](*pipeline.fused_launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
         return out
 
     def prepare_routed_inputs(inputs: dict) -> dict:
