@@ -350,8 +350,10 @@ INVARIANCE_PROBES = 2  # probe rows, placed at the start and again at the end of
 INVARIANCE_FILLER = 29  # other rows (cycled to fill the batch)
 
 
-def invariance_counts(package, max_tokens: int) -> list[int]:
+def invariance_counts(package, max_tokens: int, op: str = "") -> list[int]:
     counts = INVARIANCE_TOKENS_COUNTS if package.workgroups == "tokens" else INVARIANCE_COUNTS
+    if devices.current().emulated and op in package.emulator_op_invariance_counts:
+        counts = package.emulator_op_invariance_counts[op]  # kernel.toml [emulator.op_invariance_counts]
     return [m for m in counts if m <= max_tokens]
 
 

@@ -37,6 +37,9 @@ class KernelPackage:
     ranks: int = 1
     # op -> its own emulator token counts (kernel.toml [emulator.op_token_counts]), else emulator_token_counts
     emulator_op_token_counts: dict = field(default_factory=dict)
+    # op -> the batch-invariance counts the emulator runs (kernel.toml [emulator.op_invariance_counts]), for
+    # an op whose tiers are another op's, checked there at every edge; else the harness's list
+    emulator_op_invariance_counts: dict = field(default_factory=dict)
 
     def emulator_counts_for(self, op: str) -> tuple:
         return tuple(self.emulator_op_token_counts.get(op, self.emulator_token_counts))
@@ -78,5 +81,7 @@ def discover() -> dict[str, KernelPackage]:
             ranks=int(data.get("ranks", 1)),
             emulator_op_token_counts={op: tuple(c) for op, c in
                                       data.get("emulator", {}).get("op_token_counts", {}).items()},
+            emulator_op_invariance_counts={op: tuple(c) for op, c in
+                                           data.get("emulator", {}).get("op_invariance_counts", {}).items()},
         )
     return packages

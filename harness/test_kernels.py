@@ -270,7 +270,7 @@ def test_batch_invariance(shape, cancelling):
     tier edge up to the largest prefill; on realistic inputs and on inputs built to expose summation order."""
     pkg, entry = _entry(shape)
     entry.warm_up()
-    counts = checks.invariance_counts(pkg, max(c.tokens for c in shape.token_counts))
+    counts = checks.invariance_counts(pkg, max(c.tokens for c in shape.token_counts), shape.op)
     failures = checks.check_batch_invariance(pkg, entry, shape.op, shape.dims, counts,
                                              checks.seed_of("invariance", shape.id), cancelling)
     assert failures == [], "\n".join(failures[:20])

@@ -30,6 +30,9 @@ MoE forward (`moe_mxfp4_gptoss`, `moe_mxfp4_swiglu`), for each token m and slot 
    Never an atomic add: the sum order is fixed. A pair whose expert id is outside [0, E) (graph-padding
    garbage) selects no expert and adds nothing.
 
+Routed MoE (`moe_routed_mxfp4_gptoss`): the router above, then the gpt-oss MoE forward, from the hidden
+states and the router's weights (what vLLM's FusedMoE layer gets); a composition, see its docstring.
+
 Tensor parallelism (vLLM's gpt-oss MXFP4 loader): the intermediate dim is cut in whole 32-column scale
 blocks. With nb = I/32 blocks, every rank takes ceil(nb/tp) blocks, per = 32 ceil(nb/tp) columns: rank r owns
 [start, end) = [per r, min(per (r+1), I)) (gpt-oss TP8: 90 blocks, per = 384, ranks 0-6 hold 384 columns
@@ -186,6 +189,26 @@ def moe_route_softmax_topk(x, router_weight, router_bias, top_k: int) -> tuple[t
     return weights, order.to(torch.int32)
 
 
+def moe_routed_mxfp4_gptoss(x, router_weight, router_bias, w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales,
+                            w2_bias, top_k: int = 4, tp_size: int = 1, tp_rank: int = 0) -> tuple[torch.Tensor]:
+    """gpt-oss MoE block with its router, from the hidden states: (out bf16 [tokens, h],).
+
+    The composition of the two references above, nothing else: (topk_weights, topk_ids) =
+    moe_route_softmax_topk(x, router_weight, router_bias, top_k), then moe_mxfp4_gptoss(x, topk_weights,
+    topk_ids, ...). Inputs: x bf16 [tokens, h]; router_weight bf16 [E, h] and router_bias bf16 [E] (vLLM's
+    gpt-oss router linear); the expert weights in checkpoint layout as for moe_mxfp4_gptoss. Rounding points,
+    layouts and the TP contract are theirs (the routing in fp32 then bf16 logits, fp32 softmax; the MoE's
+    steps 1-6 above).
+
+    Tolerance: cosine >= 0.9999 (the MoE's), the kernel bitwise deterministic and batch invariant, padding
+    rows harmless. A routed kernel's logit may round to the neighbouring bf16 value (the router's tolerance)
+    and swap two near-tied experts of a token; that token's row then differs. The seeded inputs of the
+    checked counts hold no such tie: a swap is a failure to look at, not noise to tolerate."""
+    topk_weights, topk_ids = moe_route_softmax_topk(x, router_weight, router_bias, top_k)
+    return moe_mxfp4_gptoss(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales,
+                            w2_bias, tp_size, tp_rank)
+
+
 # ---- input builders -------------------------------------------------------------------------------------
 
 def _dims(dims: dict) -> tuple[int, int, int, int]:
@@ -261,6 +284,17 @@ def build_route_inputs(tokens: int, dims: dict, seed: int) -> dict:
     return {"x": x, "router_weight": w, "router_bias": b, "top_k": top_k}
 
 
+def build_routed_moe_inputs(tokens: int, dims: dict, seed: int) -> dict:
+    """moe_routed_mxfp4_gptoss's inputs: the router's (build_route_inputs: x, router weight and bias, top_k)
+    and the gpt-oss expert weights and TP rank of build_moe_inputs (the same cached checkpoint)."""
+    hidden, inter, experts, _ = _dims(dims)
+    inputs = build_route_inputs(tokens, dims, seed)
+    inputs.update(_weights(hidden, inter, experts, True, 1000 + hidden + inter + experts))
+    inputs["tp_size"] = int(dims.get("tp_size", 1))
+    inputs["tp_rank"] = int(dims.get("tp_rank", 0))
+    return inputs
+
+
 def build_route_cancelling_inputs(tokens: int, dims: dict, seed: int) -> dict:
     """Router inputs whose logits expose the fp32 summation order: the weight's two hidden halves are equal
     and x's second half is minus its first (|x| ~ 2^8), leaving one small uncancelled block (the last 32
@@ -308,6 +342,8 @@ OPS = (
     Op("moe_mxfp4_gptoss", moe_mxfp4_gptoss,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="gptoss"),
        _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),
+    Op("moe_routed_mxfp4_gptoss", moe_routed_mxfp4_gptoss, build_routed_moe_inputs, _as_float, ("out",),
+       MOE_COSINE_MIN, ("x",)),
     Op("moe_mxfp4_swiglu", moe_mxfp4_swiglu,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="swiglu"),
        _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),

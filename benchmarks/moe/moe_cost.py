@@ -17,7 +17,7 @@ The routing is the reference builder's (references/moe.py, seed 0, as the runner
 import torch
 
 from benchmarks.runner import Cost
-from references.moe import build_routing, shard_columns
+from references.moe import build_route_inputs, build_routing, moe_route_softmax_topk, shard_columns
 
 
 def routing(m: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> torch.Tensor:
@@ -27,12 +27,30 @@ def routing(m: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> tor
     return build_routing(m, experts, top_k, gen)[1]
 
 
+def routed_ids(m: int, hidden: int, experts: int, top_k: int, seed: int = 0) -> torch.Tensor:
+    """topk_ids as the router's reference picks them on references.moe.build_routed_moe_inputs(m, seed)."""
+    inputs = build_route_inputs(m, {"hidden": hidden, "experts": experts, "top_k": top_k}, seed)
+    return moe_route_softmax_topk(inputs["x"], inputs["router_weight"], inputs["router_bias"], top_k)[1]
+
+
+def routed_moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_size: int = 1,
+                    tp_rank: int = 0) -> Cost:
+    """The MoE block with its router (the routed entry): moe_cost on the router's picks, plus the router's
+    weight and bias (bf16) read once and its FLOPs; topk_weights / topk_ids become a stage boundary."""
+    c = moe_cost(m, hidden, inter, experts, top_k, tp_size=tp_size, tp_rank=tp_rank, biases=True,
+                 ids=routed_ids(m, hidden, experts, top_k))
+    topk = m * top_k * 8
+    return Cost(c.min_bytes - topk + 2 * experts * hidden + 2 * experts, c.flops + 2 * m * experts * hidden,
+                c.min_mfma, min_write_bytes=c.min_write_bytes, boundary_bytes=c.boundary_bytes + topk)
+
+
 def moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_size: int = 1, tp_rank: int = 0,
-             biases: bool) -> Cost:
+             biases: bool, ids: torch.Tensor | None = None) -> Cost:
+    """`ids`: the routing (default: the reference builder's, as `routing` draws it)."""
     start, end = shard_columns(inter, tp_size, tp_rank)
     per = end - start
     w2_blocks = per // 32
-    ids = routing(m, hidden, experts, top_k)
+    ids = routing(m, hidden, experts, top_k) if ids is None else ids
     counts = torch.bincount(ids.reshape(-1).long(), minlength=experts)
     used = int((counts > 0).sum())
     w13 = 2 * per * (hidden // 2 + hidden // 32) + (2 * per * 2 if biases else 0)

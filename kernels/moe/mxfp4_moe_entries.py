@@ -2,7 +2,10 @@
 package mxfp4_moe/, one module per launch): checks, workspace, the variant table and the torch custom op.
 
 The entry takes the prepared weights (kernels/moe/prepare.py, run once at load time); `prepare_inputs`
-maps a reference's inputs (checkpoint layout) to the entry's, for the harness.
+maps a reference's inputs (checkpoint layout) to the entry's, for the harness. A package given its router
+(`route`: the route package's launcher variant) also gets `routed`: from the hidden states and the router's
+weight and bias (what vLLM's FusedMoE layer receives), the router's launch, then the MoE's with the combine
+folded into down (mxfp4_moe/fused.py: 4 launches in all, the same bits as route + moe).
 
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
@@ -16,6 +19,7 @@ import torch
 from amd_kernels import host, warm_up
 from amd_kernels.moe import mxfp4_moe, prepare
 
+ROUTE_KEY = "route.all"  # the router's variant in the table of a package with a `routed` entry
 WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
 
 # prepare_inputs' cache, one entry for every MoE package: (package, id of w13_blocks, tp_rank), a weak
@@ -41,10 +45,13 @@ def _prepared(package: str, inputs: dict, prepare):
 
 
 def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: int, activation: str,
-          tp_size: int = 1, small_m_waves: int = 0, kernel=mxfp4_moe):
+          tp_size: int = 1, small_m_waves: int = 0, kernel=mxfp4_moe, route=None):
     """The entry of the package `package` (its `__name__`): `intermediate` is the model's (unsharded) size,
     `tp_size` the ranks it is cut over (vLLM's cut, prepare.py), `small_m_waves` > 0 adds a small-M variant
-    (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy)."""
+    (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy).
+    `route`: None, or the router's (launcher, example_args) for this hidden size, expert count and top-k
+    (route.variants), which adds the `routed` entry (its variants "route.all" and the pipeline's "fused.*"
+    join this package's table)."""
     shape_token = host.shape_token(package)
     ip = prepare.padded_intermediate(intermediate, tp_size)
     # variants, variant_for, max_tokens, launch_args, weight_shapes, weight_dtypes, emulator_workgroups
@@ -52,10 +59,28 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
                             small_m_waves=small_m_waves)
     prepare_weights = partial(prepare.prepare_weights, activation=activation, hidden=hidden,
                               intermediate=intermediate, experts=experts, tp_size=tp_size)
-    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in pipeline.variants.items()})
+    variants = dict(pipeline.variants)
+    if route is not None:
+        variants[ROUTE_KEY] = route
+        variants.update(pipeline.fused_variants)
+    table = warm_up.VariantTable(package, {k: warm_up.Variant(*v) for k, v in variants.items()})
     # One mode: M is a runtime argument of every variant; the small_m variant serves the smallest M.
     modes = {"all": sorted(pipeline.variants)}
     shapes = pipeline.weight_shapes()
+
+    def check_weights(x, given):
+        for name in WEIGHTS:  # a checkpoint-layout tensor has another shape: "not prepared" names it
+            hint = ("pass every output of prepare_weights() (made once at load time)" if name == "shard" else
+                    "a checkpoint-layout weight? pass it through prepare_weights() once at load time")
+            host.check_tensor(name, given[name], dtype=pipeline.weight_dtypes[name], shape=shapes[name], like=x,
+                              hint=hint)
+
+    def launch_moe(x, topk_weights, topk_ids, given, out):
+        m = x.shape[0]
+        if m:
+            key = pipeline.variant_for(m)
+            table[key](*pipeline.launch_args(key, x, topk_weights, topk_ids, given, out, x.device),
+                       host.stream_of(x))
 
     def outputs(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
         """The checks and the output, shared by the entry and its fake (host.custom_op)."""
@@ -66,13 +91,8 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
         m = x.shape[0]
         host.check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(m, top_k), like=x)
         host.check_tensor("topk_ids", topk_ids, dtype=torch.int32, shape=(m, top_k), like=x)
-        given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
-                     shard=shard)
-        for name in WEIGHTS:  # a checkpoint-layout tensor has another shape: "not prepared" names it
-            hint = ("pass every output of prepare_weights() (made once at load time)" if name == "shard" else
-                    "a checkpoint-layout weight? pass it through prepare_weights() once at load time")
-            host.check_tensor(name, given[name], dtype=pipeline.weight_dtypes[name], shape=shapes[name], like=x,
-                              hint=hint)
+        check_weights(x, dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale,
+                              w2_bias=w2_bias, shard=shard))
         return torch.empty_like(x)
 
     @warm_up.entry(table, modes, lambda *a, **k: "all")
@@ -80,13 +100,8 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
             w13_scale: torch.Tensor, w13_bias: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
             w2_bias: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
         out = outputs(x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard)
-        m = x.shape[0]
-        given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
-                     shard=shard)
-        if m:
-            key = pipeline.variant_for(m)
-            table[key](*pipeline.launch_args(key, x, topk_weights, topk_ids, given, out, x.device),
-                       host.stream_of(x))
+        launch_moe(x, topk_weights, topk_ids, dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2,
+                                                  w2_scale=w2_scale, w2_bias=w2_bias, shard=shard), out)
         return out
 
     def prepare_inputs(inputs: dict) -> dict:
@@ -101,5 +116,55 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
 
     op = host.custom_op(f"amd_kernels::{shape_token}_moe", moe, outputs)
     op.max_tokens = pipeline.max_tokens
-    return SimpleNamespace(VARIANTS=table, PIPELINE=pipeline, moe=op, prepare_weights=prepare_weights,
-                           prepare_inputs=prepare_inputs, emulator_workgroups=pipeline.emulator_workgroups)
+    built = SimpleNamespace(VARIANTS=table, PIPELINE=pipeline, moe=op, prepare_weights=prepare_weights,
+                            prepare_inputs=prepare_inputs, emulator_workgroups=pipeline.emulator_workgroups)
+    if route is None:
+        return built
+
+    # The router's i32 byte offsets into x [M, hidden] bf16 bound M too.
+    routed_max_tokens = min(pipeline.max_tokens, host.max_tokens_for(hidden * 2))
+    # The MoE variant of a token count, with the combine folded into down (mxfp4_moe/fused.py): same bits.
+    fused_key = {k: k.replace("moe.", "fused.", 1) for k in pipeline.variants}
+    routed_modes = {mode: [ROUTE_KEY, *(fused_key[k] for k in keys)] for mode, keys in modes.items()}
+
+    def routed_outputs(x, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
+        """The checks and the output, shared by the routed entry and its fake (host.custom_op)."""
+        host.check_tokens("x", x, routed_max_tokens)
+        host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, hidden))
+        host.check_tensor("router_weight", router_weight, dtype=torch.bfloat16, shape=(experts, hidden), like=x)
+        host.check_tensor("router_bias", router_bias, dtype=torch.bfloat16, shape=(experts,), like=x)
+        check_weights(x, dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale,
+                              w2_bias=w2_bias, shard=shard))
+        return torch.empty_like(x)
+
+    @warm_up.entry(table, routed_modes, lambda *a, **k: "all")
+    def routed(x: torch.Tensor, router_weight: torch.Tensor, router_bias: torch.Tensor, w13: torch.Tensor,
+               w13_scale: torch.Tensor, w13_bias: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+               w2_bias: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+        out = routed_outputs(x, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard)
+        m = x.shape[0]
+        if m:
+            topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+            topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
+            stream = host.stream_of(x)
+            table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
+            key = fused_key[pipeline.variant_for(m)]
+            given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
+                         shard=shard)
+            table[key](*pipeline.fused_launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
+        return out
+
+    def prepare_routed_inputs(inputs: dict) -> dict:
+        """moe_routed_mxfp4_gptoss's reference inputs -> the routed entry's (prepared weights, as prepare_inputs;
+        top_k is this package's)."""
+        if inputs.get("top_k", top_k) != top_k:
+            raise ValueError(f"top_k: this package selects {top_k} experts, got {inputs['top_k']}")
+        moe_in = prepare_inputs({**inputs, "topk_weights": None, "topk_ids": None})
+        return {"x": inputs["x"], "router_weight": inputs["router_weight"], "router_bias": inputs["router_bias"],
+                **{k: moe_in[k] for k in WEIGHTS}}
+
+    routed_op = host.custom_op(f"amd_kernels::{shape_token}_routed", routed, routed_outputs)
+    routed_op.max_tokens = routed_max_tokens
+    built.routed = routed_op
+    built.prepare_routed_inputs = prepare_routed_inputs
+    return built

@@ -9,16 +9,23 @@ top-4, the gpt-oss activation (interleaved gate/up, clamp, biases). Design: kern
 
 One variant: gate-up already launches 92 workgroups of 3 waves per tile (368 at M = 1), so no small-M
 variant.
+
+routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
+the router's weight bf16 [128, 2880] and bias bf16 [128] (the router's launch, route_h2880_e128_top4's, then
+the MoE's); also torch.ops.amd_kernels.mxfp4_h2880_i2880_e128_top4_routed.
 """
 
-from amd_kernels.moe import mxfp4_moe_entries
+from amd_kernels.moe import mxfp4_moe_entries, route
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 1
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
-                                 activation=ACTIVATION, tp_size=TP)
+                                 activation=ACTIVATION, tp_size=TP,
+                                 route=route.variants(H, E, TOP_K)["route.all"])
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes
 moe = _built.moe
 prepare_weights = _built.prepare_weights  # checkpoint -> prepared weights, once at load time
 prepare_inputs = _built.prepare_inputs  # the harness's hook: reference inputs -> entry inputs
+routed = _built.routed  # from the hidden states and the router's weights (4 launches)
+prepare_routed_inputs = _built.prepare_routed_inputs
 emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"

@@ -12,17 +12,24 @@ activation. Design: kernels/moe/mxfp4_moe/; sharding: kernels/moe/prepare.py.
 Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
 gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1). Both tiers sum K in
 the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe/geometry.py).
+
+routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
+the router's weight bf16 [128, 2880] and bias bf16 [128] (the router's launch, route_h2880_e128_top4's, then
+the MoE's); also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_routed.
 """
 
-from amd_kernels.moe import mxfp4_moe_entries
+from amd_kernels.moe import mxfp4_moe_entries, route
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 8
 SMALL_M_WAVES = 8
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
-                                 activation=ACTIVATION, tp_size=TP, small_m_waves=SMALL_M_WAVES)
+                                 activation=ACTIVATION, tp_size=TP,
+                                 route=route.variants(H, E, TOP_K)["route.all"], small_m_waves=SMALL_M_WAVES)
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes
 moe = _built.moe
 prepare_weights = _built.prepare_weights  # checkpoint -> prepared weights, once at load time
 prepare_inputs = _built.prepare_inputs  # the harness's hook: reference inputs -> entry inputs
+routed = _built.routed  # from the hidden states and the router's weights (4 launches)
+prepare_routed_inputs = _built.prepare_routed_inputs
 emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"

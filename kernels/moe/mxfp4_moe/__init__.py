@@ -28,7 +28,8 @@ Bytes that carry nothing are not read: `shard` (from prepare_weights) gives the 
 [live_lo, live_hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead
 columns, dead 32-column K-blocks of w2, the K tail past h in the last gate-up K-step and zero biases load
 out of range (0, no memory traffic). The swiglu activation has no biases at all.
-The emulator's sampling hook is in sampling.py.
+The emulator's sampling hook is in sampling.py. The routed entry runs fused.py's launchers: the same
+launches with 4 folded into 3 (down.py with combine=True: the last writer of a token's columns sums them).
 """
 
 from types import SimpleNamespace
@@ -38,7 +39,7 @@ import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import combine, down, gate_up, quant_sort, sampling
+from amd_kernels.moe.mxfp4_moe import combine, down, fused, gate_up, quant_sort, sampling
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
@@ -116,7 +117,11 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                                torch.zeros_like(x))
         return example_args
 
+    # The routed entry's launches (fused.py): the combine folded into down, same bits.
+    fused_variants, fused_launch_args = fused.make(geo, k_quant_sort, gate_ups, workspace, weight_shapes)
+
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
+                           fused_variants=fused_variants, fused_launch_args=fused_launch_args,
                            variant_for=variant_for, max_tokens=geo.max_tokens, launch_args=launch_args,
                            weight_shapes=weight_shapes, weight_dtypes=prepare.WEIGHT_DTYPES,
                            emulator_workgroups=sampling.make(geo), geometry=geo)

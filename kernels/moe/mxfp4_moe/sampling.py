@@ -9,7 +9,8 @@ from amd_kernels.moe.mxfp4_moe.geometry import ROWS
 def make(geo):
     name, top_k = geo.name, geo.top_k
     # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
-    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4)}
+    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4),
+                    f"{name}_down_combine": (2, 4)}
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """The workgroups `tokens`' output rows need (None: all of them). quant and sort run whole; gate-up
