@@ -5,6 +5,7 @@ gate-up tier edge (small_m | full at 5 | 6). Heavy (emulated MoE calls): run thi
 
 from __future__ import annotations
 
+import os
 import pytest
 import torch
 
@@ -14,8 +15,12 @@ from references.moe import build_routed_moe_inputs
 
 GPTOSS = {"hidden": 2880, "intermediate": 2880, "experts": 128, "top_k": 4}
 ROUTER = "moe/route_h2880_e128_top4"
+FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
+# CI runs the TP8 cases (both gate-up tiers); the TP1 case (the same fused launches at another geometry, its
+# routed op checked against the reference in test_kernels at 4 tokens) costs ~2 CPU-minutes: FULL only.
 CASES = [("moe/mxfp4_h2880_i384_e128_top4", 8, 7, 3), ("moe/mxfp4_h2880_i384_e128_top4", 8, 7, 6),
-         ("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 2)]
+         pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 2,
+                      marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it"))]
 
 
 @pytest.mark.parametrize("package,tp_size,tp_rank,tokens", CASES, ids=lambda v: str(v))
