@@ -115,7 +115,7 @@ def cmd_run(args) -> int:
           flush=True)
     bar = progress.Progress([(shape.id, shape.dims_json, [(c.tokens, c.real) for c in counts])
                              for shape, _, counts in work], executing=not args.no_exec)
-    failed = False
+    failed, carded = False, set()
     for shape, pkg, counts in work:
         entry = pkg.import_entries()[pkg.entry_for_op(shape.op)]
         bar.status(f"warming up {shape.op} @ {shape.kernel}")
@@ -124,17 +124,25 @@ def cmd_run(args) -> int:
         warm_s = time.perf_counter() - start
         bar.warmed(shape.id, shape.dims_json, warm_s)
         bar.out(f"\n== {shape.op} @ {shape.kernel}  (served by {', '.join(shape.served_by)})")
+        bar.out(f"dims {shape.dims_json}")
         if report:
             bar.out(f"warm-up {warm_s:.2f} s: {report['compiled']} of {report['variants']} variants compiled, "
                     "the rest loaded from the disk cache")
         else:
             bar.out("already warm in this process")
-        card_rows = [_card_row(k, c) for k, c in _cards_of(entry)]
-        bar.out(_table(CARD_HEADERS, card_rows))
-        failed |= any(r[-1] != "ok" for r in card_rows)
-        if args.no_exec or not counts:
+        if id(entry) in carded:  # another shape of the same entry: the same variants
+            bar.out("ISA cards: as above")
+        else:
+            carded.add(id(entry))
+            card_rows = [_card_row(k, c) for k, c in _cards_of(entry)]
+            bar.out(_table(CARD_HEADERS, card_rows))
+            failed |= any(r[-1] != "ok" for r in card_rows)
+        if args.no_exec:
             continue
-        bar.out(f"{len(counts)} of {len(shape.token_counts)} token counts")
+        bar.out(f"{len(counts)} of {len(shape.token_counts)} token counts"
+                + ("" if len(counts) == len(shape.token_counts) else " (--all: every count)"))
+        if not counts:
+            continue
         if pkg.ranks > 1:  # multi-rank kernels run on pkg.ranks ranks (harness/multirank.py)
             failed |= _run_multirank(pkg, shape, counts, bar)
             continue
