@@ -1,11 +1,13 @@
 """The harness's command line.
 
-  python -m harness run regimes/<model>.toml [--tokens 1,8,64] [--no-exec]
-      warm up every kernel the regime names, then print one table per op and shape: warm-up (compile)
-      time, ISA card of each variant, and, where a GPU or the emulator executes, cosine, determinism and
-      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py;
-      multi-rank ops: each rank projects its own launches; the range over ranks is shown, its low end the
-      rank that waited least for its peers, i.e. ranks arriving together).
+  python -m harness run regimes/<model>.toml [--all] [--tokens 1,8,64] [--plan] [--no-exec]
+      warm up every kernel the regime names, then print per op and shape: warm-up (compile) time, ISA card
+      of each variant, and, where a GPU or the emulator executes, one row per token count as it finishes:
+      cosine, determinism and padding results, with the cost model's projected MI355X us
+      (benchmarks/costmodel.py; multi-rank ops: each rank projects its own launches; the range over ranks is
+      shown, its low end the rank that waited least for its peers, i.e. ranks arriving together). On the
+      emulator the counts CI checks (kernel.toml [emulator] sets), --all every count. Results on stdout;
+      a progress bar and the time left on stderr.
   python -m harness run regimes/<model>.toml --layer [--tp 1] [--tokens 1,8,64,256]
       the regime's decoder layer ([[layer]]): each step's entry, its warm-up time, and at each decode token
       count the kernels it launches, the cost model's projected us and the floor, per step and in total
@@ -58,7 +60,8 @@ CARD_HEADERS = ["variant", "vgpr", "agpr", "sgpr", "lds", "scratch", "waves/simd
 def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, emulated: bool = True) -> list:
     """What `harness run` checks, without running anything: [(shape, package, [TokenCount])] for each op
     shape the regime serves. By default the counts CI checks (KernelPackage.checked_by_default: on the
-    emulator the kernel.toml [emulator] sets); `every`: all the regime's counts; `tokens`: only these."""
+    emulator the kernel.toml [emulator] sets); `every`: all the regime's counts; `tokens`: these (whether CI
+    checks them or not)."""
     from harness import cases, discovery, regimes
 
     path = Path(regime)
@@ -68,8 +71,7 @@ def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, 
     for shape in cases.op_shapes([path.stem]):
         pkg = packages[shape.kernel]
         counts = [c for c in shape.token_counts
-                  if (every or pkg.checked_by_default(shape.op, c.tokens, emulated))
-                  and (not tokens or c.tokens in tokens)]
+                  if (c.tokens in tokens if tokens else every or pkg.checked_by_default(shape.op, c.tokens, emulated))]
         out.append((shape, pkg, counts))
     return out
 
@@ -305,7 +307,7 @@ def main(argv=None) -> int:
     run.add_argument("--all", action="store_true",
                      help="on the emulator, check every regime token count (default: the counts CI checks, "
                           "the kernel.toml [emulator] sets; a GPU always checks every count)")
-    run.add_argument("--tokens", help="comma-separated token counts to execute (of the selected ones)")
+    run.add_argument("--tokens", help="comma-separated token counts to execute (any regime count)")
     run.add_argument("--plan", action="store_true", help="list the op shapes and token counts it would check, "
                                                          "then stop")
     run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")

@@ -39,9 +39,8 @@ def test_default_is_the_kernel_toml_sets(regime):
 def test_all_and_gpu_select_every_count(regime):
     for work in (cli.plan(regime, every=True, emulated=True), cli.plan(regime, emulated=False)):
         assert [(s, list(s.token_counts)) for s, _, _ in work] == [(s, c) for s, _, c in work]
-    narrowed = cli.plan(regime, every=True, tokens={1, 64}, emulated=True)
-    assert all(c.tokens in (1, 64) for *_, counts in narrowed for c in counts)
-    assert any(counts for *_, counts in narrowed)
+    narrowed = cli.plan(regime, tokens={1, 2}, emulated=True)  # picked counts run, listed in a set or not
+    assert [[c for c in s.token_counts if c.tokens in (1, 2)] for s, _, _ in narrowed] == [c for *_, c in narrowed]
 
 
 def test_default_is_smaller_where_a_set_is_listed():
