@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import zlib
 
@@ -34,6 +35,7 @@ class Progress:
     (else only warm-ups)."""
 
     def __init__(self, shapes: list, executing: bool = True, stream=None, times_path=TIMES):
+        self._lock = threading.Lock()
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.times_path = times_path
@@ -50,47 +52,61 @@ class Progress:
         self.total_cases = sum(1 for k in self.pending if not k.endswith(" warm-up"))
         self.cases_done = 0
         self.timed = {}  # key -> seconds this run
-        self.start = time.perf_counter()
+        self.start = self.since = time.perf_counter()
         self.text = ""
+        if self.tty:  # a terminal: redraw every second, so the clock moves during a long case
+            self._ticking = threading.Event()
+            threading.Thread(target=self._tick, daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._ticking.wait(1.0):
+            with self._lock:
+                self.stream.write("\r\x1b[K" + self.line()[:200])
+                self.stream.flush()
 
     # -- what the harness reports ----------------------------------------------------------------------
     def status(self, text: str) -> None:
+        """What runs now (the next pending warm-up or case)."""
         self.text = text
+        self.since = time.perf_counter()
         self._draw(log=True)
 
     def warmed(self, shape_id: str, dims_json: str, seconds: float) -> None:
         self._record(f"{_shape_key(shape_id, dims_json)} warm-up", seconds)
 
     def done(self, shape_id: str, dims_json: str, count: tuple, seconds: float) -> None:
-        self._record(f"{_shape_key(shape_id, dims_json)} m{count[0]}r{count[1]}", seconds)
         self.cases_done += 1
+        self._record(f"{_shape_key(shape_id, dims_json)} m{count[0]}r{count[1]}", seconds)
 
     def out(self, text: str = "") -> None:
         """Print a result line on stdout, the bar lifted off the terminal line meanwhile."""
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-        print(text, flush=True)
+        with self._lock:
+            if self.tty:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+            print(text, flush=True)
         self._draw(log=False)
 
     def finish(self) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[K")
-        self.stream.write(f"done: {self.cases_done} cases in {clock(time.perf_counter() - self.start)}\n")
-        self.stream.flush()
+        with self._lock:
+            if self.tty:
+                self._ticking.set()
+                self.stream.write("\r\x1b[K")
+            self.stream.write(f"done: {self.cases_done} cases in {clock(time.perf_counter() - self.start)}\n")
+            self.stream.flush()
 
     # -- the estimate ----------------------------------------------------------------------------------
     def seconds_left(self) -> float | None:
         """None until something in the remaining work has a time (history or this run)."""
         total, unknown = 0.0, 0
-        for key, sk in self.pending.items():
+        for i, (key, sk) in enumerate(self.pending.items()):
             guess = self.history.get(key)
             if guess is None:
                 guess = self._mean(sk, key.endswith(" warm-up"))
             if guess is None:
                 unknown += 1
-            else:
-                total += guess
+            else:  # the first pending one is running: less what it has run
+                total += max(guess - (time.perf_counter() - self.since), 0.0) if i == 0 else guess
         return None if unknown and not total else total
 
     def _mean(self, shape_key: str, warm: bool):
@@ -122,8 +138,9 @@ class Progress:
                 f"{clock(time.perf_counter() - self.start)} elapsed, {eta} left  {self.text}")
 
     def _draw(self, log: bool) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[K" + self.line()[:200])
-        elif log:  # a log file: one line per step, not a redraw
-            self.stream.write(self.line() + "\n")
-        self.stream.flush()
+        with self._lock:
+            if self.tty:
+                self.stream.write("\r\x1b[K" + self.line()[:200])
+            elif log:  # a log file: one line per step, not a redraw
+                self.stream.write(self.line() + "\n")
+            self.stream.flush()

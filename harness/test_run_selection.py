@@ -58,7 +58,7 @@ def test_progress_estimates_from_this_run_and_the_last(tmp_path):
     bar.warmed("a:op", "{}", 4.0)
     bar.done("a:op", "{}", (1, 1), 2.0)
     # left: a m8 (a's mean 2), b's warm-up (the mean warm-up 4), b m1 (the mean of every case 2)
-    assert bar.seconds_left() == pytest.approx(8.0)
+    assert bar.seconds_left() == pytest.approx(8.0, abs=0.5)  # less what the running one has run
     assert "1/3 cases" in bar.line()
     again = progress.Progress(shapes, stream=io.StringIO(), times_path=times)
-    assert again.seconds_left() == pytest.approx(4.0 + 2.0 + 2.0 + 4.0 + 2.0)  # the last run's times, means
+    assert again.seconds_left() == pytest.approx(4.0 + 2.0 + 2.0 + 4.0 + 2.0, abs=0.5)  # last run, means
