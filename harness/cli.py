@@ -76,9 +76,10 @@ def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, 
     return out
 
 
-# The row of one token count, printed as it finishes: fixed-width columns first, then cosine and result.
+# The row of one token count, printed as it finishes: fixed-width columns first, then cosine and result
+# (s: wall seconds of the case, cpu s: this process's CPU seconds, which a shared machine does not inflate).
 ROW = [("tokens", 6), ("real", 6), ("determ.", 7), ("padding", 7), ("rows checked", 18), ("projected us", 12),
-       ("s", 7), ("cosine", 0), ("result", 0)]
+       ("s", 7), ("cpu s", 7), ("cosine", 0), ("result", 0)]
 MULTIRANK_ROW = [("tokens", 6), ("real", 6), ("ranks equal", 11), ("repeat equal", 12),
                  ("projected us (ranks: least-most waiting)", 40), ("s", 7), ("cosine", 0), ("result", 0)]
 
@@ -151,17 +152,17 @@ def cmd_run(args) -> int:
         _print_header(bar.out, ROW)
         for count in counts:
             bar.status(f"{shape.op} @ {shape.kernel} at {count.tokens} tokens")
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             seed = checks.seed_of(shape.id, count.tokens, count.real)
             res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             bad = res.failures(OPS[shape.op].cosine_min)
             failed |= bool(bad)
             bar.done(shape.id, shape.dims_json, (count.tokens, count.real), seconds)
             bar.out(_line(ROW, [count.tokens, count.real, "yes" if res.deterministic else "NO",
                                 "yes" if res.padding_harmless else "NO",
                                 f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""),
-                                _projected(res.launches), f"{seconds:.1f}",
+                                _projected(res.launches), f"{seconds:.1f}", f"{cpu:.1f}",
                                 " ".join(f"{n}={c:.6f}" for n, c in res.cosines.items()),
                                 "ok" if not bad else "; ".join(bad)]))
     bar.finish()
