@@ -1,6 +1,6 @@
 """The harness's command line.
 
-  python -m harness run regimes/<model>.toml [--all] [--tokens 1,8,64] [--plan] [--no-exec]
+  python -m harness run regimes/<model>.toml [--all] [--tokens 1,8,64] [--only gemm/] [--plan] [--no-exec]
       warm up every kernel the regime names, then print per op and shape: warm-up (compile) time, ISA card
       of each variant, and, where a GPU or the emulator executes, one row per token count as it finishes:
       cosine, determinism and padding results, with the cost model's projected MI355X us
@@ -57,11 +57,12 @@ def _card_row(key, card) -> list:
 CARD_HEADERS = ["variant", "vgpr", "agpr", "sgpr", "lds", "scratch", "waves/simd", "mfma", "global loads", "rules"]
 
 
-def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, emulated: bool = True) -> list:
+def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, emulated: bool = True,
+         only: str = "") -> list:
     """What `harness run` checks, without running anything: [(shape, package, [TokenCount])] for each op
     shape the regime serves. By default the counts CI checks (KernelPackage.checked_by_default: on the
     emulator the kernel.toml [emulator] sets); `every`: all the regime's counts; `tokens`: these (whether CI
-    checks them or not)."""
+    checks them or not); `only`: the shapes whose kernel path contains it or whose op it names."""
     from harness import cases, discovery, regimes
 
     path = Path(regime)
@@ -69,6 +70,8 @@ def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, 
     packages = discovery.discover()
     out = []
     for shape in cases.op_shapes([path.stem]):
+        if only and only not in shape.kernel and only != shape.op:
+            continue
         pkg = packages[shape.kernel]
         counts = [c for c in shape.token_counts
                   if (c.tokens in tokens if tokens else every or pkg.checked_by_default(shape.op, c.tokens, emulated))]
@@ -101,7 +104,7 @@ def cmd_run(args) -> int:
 
     wanted_tokens = {int(t) for t in args.tokens.split(",")} if args.tokens else None
     emulated = dev.emulated
-    work = plan(args.regime, every=args.all, tokens=wanted_tokens, emulated=emulated)
+    work = plan(args.regime, every=args.all, tokens=wanted_tokens, emulated=emulated, only=args.only)
     if args.plan:
         for shape, _, counts in work:
             print(f"{shape.op} @ {shape.kernel}  ({', '.join(shape.served_by)}): {len(counts)} of "
@@ -309,6 +312,8 @@ def main(argv=None) -> int:
                      help="on the emulator, check every regime token count (default: the counts CI checks, "
                           "the kernel.toml [emulator] sets; a GPU always checks every count)")
     run.add_argument("--tokens", help="comma-separated token counts to execute (any regime count)")
+    run.add_argument("--only", default="", help="only the kernels whose path contains this (e.g. gemm/, "
+                                                "moe/mxfp4) or the op it names")
     run.add_argument("--plan", action="store_true", help="list the op shapes and token counts it would check, "
                                                          "then stop")
     run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")

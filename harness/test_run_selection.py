@@ -43,6 +43,13 @@ def test_all_and_gpu_select_every_count(regime):
     assert [[c for c in s.token_counts if c.tokens in (1, 2)] for s, _, _ in narrowed] == [c for *_, c in narrowed]
 
 
+def test_only_narrows_to_kernels_or_an_op():
+    regime = REGIMES_DIR / "gpt_oss_120b.toml"
+    gemm = cli.plan(regime, only="gemm/")
+    assert gemm and all(s.kernel.startswith("gemm/") for s, _, _ in gemm)
+    assert [s.op for s, _, _ in cli.plan(regime, only="mxfp8_quant")] == ["mxfp8_quant"] * 2
+
+
 def test_default_is_smaller_where_a_set_is_listed():
     regime = REGIMES_DIR / "gpt_oss_120b.toml"
     every = sum(len(c) for *_, c in cli.plan(regime, every=True))
