@@ -157,7 +157,14 @@ def cmd_run(args) -> int:
             bar.status(f"{shape.op} @ {shape.kernel} at {count.tokens} tokens")
             start, cpu = time.perf_counter(), time.process_time()
             seed = checks.seed_of(shape.id, count.tokens, count.real)
-            res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+            try:
+                res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+            except Exception as e:  # e.g. a SanitizerReport: this row fails, the run goes on
+                failed = True
+                bar.done(shape.id, shape.dims_json, (count.tokens, count.real), time.perf_counter() - start)
+                bar.out(_line(ROW, [count.tokens, count.real, "-", "-", "-", "-", "-", "-", "-",
+                                    f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"]))
+                continue
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             bad = res.failures(OPS[shape.op].cosine_min)
             failed |= bool(bad)
@@ -192,8 +199,14 @@ def _run_multirank(pkg, shape, counts, bar) -> bool:
     bar.status(f"{shape.op} @ {shape.kernel}: {len(counts)} counts on {pkg.ranks} ranks")
     start = time.perf_counter()
     triples = [(c.tokens, c.real, checks.seed_of(shape.id, c.tokens, c.real) % 100_000) for c in counts]
-    results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
-                                    world=pkg.ranks, sample_above=pkg.sample_above_tokens)
+    try:
+        results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
+                                        world=pkg.ranks, sample_above=pkg.sample_above_tokens)
+    except Exception as e:  # e.g. a rank waiting too long for its peers on a busy machine: the run goes on
+        bar.out(f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        for c in counts:
+            bar.done(shape.id, shape.dims_json, (c.tokens, c.real), 0.0)
+        return True
     seconds = (time.perf_counter() - start) / len(counts)
     _print_header(bar.out, MULTIRANK_ROW)
     failed = False
