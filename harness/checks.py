@@ -300,7 +300,8 @@ class Case:
             return {}
         if self.sampling.token_axis is not None:
             return dict(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
-        rows = random.Random(seed_of("tokens", self.seed)).sample(range(self.real), min(self.real, EMULATOR_SAMPLE_TOKENS))
+        draw = random.Random(seed_of("tokens", self.seed))
+        rows = draw.sample(range(self.real), min(self.real, EMULATOR_SAMPLE_TOKENS))
         return dict(workgroup_filter=functools.partial(tokens_hook(self.package), frozenset(sorted(rows))))
 
     def runs(self) -> tuple[dict, list]:
