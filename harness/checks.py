@@ -13,13 +13,16 @@
 An op whose reference writes arguments in place (`Op.mutates`, e.g. a KV cache) also has them compared: the
 elements the reference wrote reach the op's cosine, every other byte keeps its value, and the three runs
 leave the same bytes; such ops run unsampled on the emulator.
-On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
-`workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample
-of workgroups; then only the rows those workgroups own ("rows") or exactly the output bytes they stored
-("tiles", from each LaunchRecord's stored intervals) are checked, and the result says so. Multi-launch
-pipelines whose workgroups follow data (`workgroups = "tokens"`, e.g. MoE tiles of sorted tokens) run a
-seeded sample of token rows: the package's `emulator_workgroups(tokens, kernel, grid, pointers, read)`
-names each launch's workgroups those rows need, and the output bytes stored are checked as for "tiles".
+One path checks every case (`Case.check`): build the seeded inputs, run the entry three times, ask the
+case's sampling kind which output elements to check (`Case.checked`), compare. On the emulator, large
+launches of kernels whose workgroups each own a block of rows (kernel.toml `workgroups = "rows"`) or write
+output tiles independently (`workgroups = "tiles"`) execute a seeded sample of workgroups; then only the
+rows those workgroups own ("rows") or exactly the output bytes they stored ("tiles", from each
+LaunchRecord's stored intervals) are checked, and the result says so. Multi-launch pipelines whose
+workgroups follow data (`workgroups = "tokens"`, e.g. MoE tiles of sorted tokens) run a seeded sample of
+token rows: the package's `emulator_workgroups(tokens, kernel, grid, pointers, read)` names each launch's
+workgroups those rows need, and the output bytes stored are checked as for "tiles". The kinds are data
+(SAMPLINGS): the grid axis holding token blocks, or the package hook, and what a sampled run checks.
 
 On the emulator every run is also sanitized (harness/emulator/sanitizer.py): missing s_waitcnt, MFMA results
 read too early, LDS races between waves, accesses outside the tensors the entry receives or creates, and
@@ -50,7 +53,6 @@ EMULATOR_SAMPLE_WORKGROUPS = 16
 EMULATOR_SAMPLE_TOKENS = 3
 # Sanitizer detectors the harness runs with (AMD_KERNELS_SANITIZE=0 turns them off, for timing only).
 SANITIZE = os.environ.get("AMD_KERNELS_SANITIZE", "1") != "0"
-SAMPLED_KINDS = ("rows", "tiles", "tokens")
 
 
 def seed_of(*parts) -> int:
@@ -96,15 +98,16 @@ def same_rows(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor) -> bool:
 
 @dataclass
 class CaseResult:
-    cosines: dict = field(default_factory=dict)  # result name -> cosine on the checked rows
+    cosines: dict = field(default_factory=dict)  # result name -> cosine on the checked elements
     deterministic: bool = True
     padding_harmless: bool = True
     rows_checked: int = 0
     rows_real: int = 0
     sampled: bool = False
-    elements_checked: dict = field(default_factory=dict)  # "tiles": result name -> elements compared
+    elements_checked: dict = field(default_factory=dict)  # result name -> elements compared
     mutation_problems: list = field(default_factory=list)  # mutated arguments: bytes written where they must not be
     launches: list = field(default_factory=list)  # emulator LaunchRecords of the first run
+    masks: list = field(default_factory=list)  # per output of the first run: the elements checked (real rows)
 
     def failures(self, cosine_min: float) -> list[str]:
         out = [f"{n}: cosine {c:.6f} < {cosine_min}" for n, c in self.cosines.items() if not c >= cosine_min]
@@ -141,6 +144,32 @@ def _as_tuple(outputs) -> tuple:
     return tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
 
 
+# ---- sampling: the part of a large launch the emulator runs, and what is then checked ---------------------
+@dataclass(frozen=True)
+class Sampling:
+    """A kernel.toml `workgroups` kind. token_axis: the grid axis indexing blocks of token rows (None: the
+    package's TOKENS_HOOK names the workgroups some token rows need); checks_stored: a sampled run checks
+    exactly the output bytes its workgroups stored (else the rows its workgroups own)."""
+
+    token_axis: int | None
+    checks_stored: bool
+
+
+SAMPLINGS = {
+    "rows": Sampling(token_axis=0, checks_stored=False),  # workgroup x owns a contiguous block of token rows
+    "tiles": Sampling(token_axis=1, checks_stored=True),  # independent output tiles, grid y the token tile
+    "tokens": Sampling(token_axis=None, checks_stored=True),  # workgroups follow data (MoE tiles, sequences)
+}
+SAMPLED_KINDS = tuple(SAMPLINGS)
+# The package function of a "tokens" kind: emulator_workgroups(tokens, kernel, grid, pointers, read) -> the
+# workgroups of one launch the token rows `tokens` need (None: all of them).
+TOKENS_HOOK = "emulator_workgroups"
+
+
+def tokens_hook(package):
+    return getattr(importlib.import_module(package.module), TOKENS_HOOK)
+
+
 def _rows_owned(records, tokens: int) -> torch.Tensor:
     """Rows whose workgroups ran in every launch (workgroup x owns rows [x*r, (x+1)*r))."""
     owned = torch.ones(tokens, dtype=torch.bool)
@@ -172,7 +201,7 @@ def stored_mask(records, t: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(el.copy()).reshape(t.shape)
 
 
-def _tile_masks(records, outputs) -> list:
+def _stored_masks(records, outputs) -> list:
     return [stored_mask(records, t.detach().cpu().contiguous()) if t.is_contiguous() else
             torch.zeros(t.shape, dtype=torch.bool) for t in outputs]
 
@@ -183,23 +212,6 @@ def _same_masked(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> bool:
     ab = a.detach().cpu().contiguous().view(torch.uint8).reshape(*a.shape, -1) if a.dim() else a
     bb = b.detach().cpu().contiguous().view(torch.uint8).reshape(*b.shape, -1) if b.dim() else b
     return torch.equal(ab[mask], bb[mask])
-
-
-def _three_runs(op, package, op_name, entry, dims, tokens, real, seed, dev, sample):
-    """Runs with garbage padding, the same in another workgroup order / interleaving, and zero padding.
-
-    Each run gets its own copy of the op's mutated arguments (all three start from the same bytes); the
-    last value is their state after each run: [{name: tensor}] * 3 (empty dicts when the op mutates none)."""
-    clean = built_inputs(op, tokens, real, dims, seed)
-    entry_name = package.entry_for_op(op_name)
-    pad = op.padding_values
-    garbage_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, True, pad)), dev)
-    zero_in = to_device(package.entry_inputs(entry_name, fill_padding(clean, op.row_inputs, real, False, pad)), dev)
-    runs = [_fresh(garbage_in, op.mutates), _fresh(garbage_in, op.mutates), _fresh(zero_in, op.mutates)]
-    first = _run(entry, runs[0], order_seed=None, sample=sample)
-    second = _run(entry, runs[1], order_seed=seed_of("order", seed), sample=sample)
-    zero_padded = _run(entry, runs[2], order_seed=None, sample=sample)
-    return clean, first, second, zero_padded, [{m: r[m] for m in op.mutates} for r in runs]
 
 
 def _fresh(inputs: dict, mutates: tuple) -> dict:
@@ -247,47 +259,121 @@ def built_inputs(op, tokens: int, real: int, dims: dict, seed: int) -> dict:
     return op.pad_inputs(clean, real) if op.pad_inputs is not None and real < tokens else clean
 
 
-def _sampling(package, real: int, seed: int) -> dict:
-    """Emulator options of a sampled run of `package` (kernel.toml `workgroups`)."""
-    if package.workgroups != "tokens":
-        return dict(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
-    rows = sorted(random.Random(seed_of("tokens", seed)).sample(range(real), min(real, EMULATOR_SAMPLE_TOKENS)))
-    chooser = getattr(importlib.import_module(package.module), "emulator_workgroups")
-    return dict(workgroup_filter=functools.partial(chooser, frozenset(rows)))
+@dataclass
+class Run:
+    """One call of the entry: its outputs, the emulator's launch records, its mutated arguments' state."""
+
+    outputs: tuple
+    records: list
+    state: dict
+
+
+@dataclass
+class Case:
+    """One numerics case: an op's entry at `tokens` rows, rows real.. graph padding, seeded inputs."""
+
+    package: object  # discovery.KernelPackage
+    entry: object
+    op_name: str
+    dims: dict
+    tokens: int
+    real: int
+    seed: int
+
+    @property
+    def op(self):
+        return OPS[self.op_name]
+
+    @functools.cached_property
+    def sampling(self) -> Sampling | None:
+        """How the emulator samples this case; None: every workgroup runs (a GPU, a package without a
+        sampling kind, counts up to its sample_above_tokens, and ops that mutate arguments, whose check
+        needs every write)."""
+        if not devices.current().emulated or self.op.mutates or self.tokens <= self.package.sample_above_tokens:
+            return None
+        return SAMPLINGS.get(self.package.workgroups)
+
+    def emulator_options(self) -> dict:
+        """The emulator options of a sampled run ({}: whole): a seeded sample of workgroups, or for a
+        "tokens" kind the workgroups a seeded sample of token rows needs."""
+        if self.sampling is None:
+            return {}
+        if self.sampling.token_axis is not None:
+            return dict(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
+        draw = random.Random(seed_of("tokens", self.seed))
+        rows = draw.sample(range(self.real), min(self.real, EMULATOR_SAMPLE_TOKENS))
+        return dict(workgroup_filter=functools.partial(tokens_hook(self.package), frozenset(sorted(rows))))
+
+    def runs(self) -> tuple[dict, list]:
+        """The clean inputs and three runs: garbage padding, the same in another workgroup order / wave
+        interleaving, zero padding. Each run mutates its own copy of the op's mutated arguments (all three
+        start from the same bytes)."""
+        op, dev = self.op, devices.current().torch_device
+        clean = built_inputs(op, self.tokens, self.real, self.dims, self.seed)
+        entry_name = self.package.entry_for_op(self.op_name)
+
+        def inputs(garbage: bool) -> dict:
+            padded = fill_padding(clean, op.row_inputs, self.real, garbage, op.padding_values)
+            return to_device(self.package.entry_inputs(entry_name, padded), dev)
+
+        garbage_in, zero_in = inputs(True), inputs(False)
+        sample = self.emulator_options()
+        runs = []
+        for given, order_seed in ((garbage_in, None), (garbage_in, seed_of("order", self.seed)), (zero_in, None)):
+            given = _fresh(given, op.mutates)
+            outputs, records = _run(self.entry, given, order_seed=order_seed, sample=sample)
+            runs.append(Run(outputs, records, {m: given[m] for m in op.mutates}))
+        return clean, runs
+
+    def checked(self, run: Run) -> tuple[list, bool]:
+        """Per output, the elements a run's result is checked on (its real rows; of a sampled run only those
+        its workgroups computed), and whether the sample left some real row out (a sampled case)."""
+        real_rows = torch.arange(self.tokens) < self.real
+        if self.sampling is not None and self.sampling.checks_stored:
+            masks = _stored_masks(run.records, run.outputs)
+            for m in masks:
+                m[self.real:] = False
+            return masks, any(rec.sampled for rec in run.records)
+        rows = real_rows
+        if self.sampling is not None:
+            rows = rows & _rows_owned(run.records, self.tokens)
+        masks = [rows.reshape(-1, *([1] * (t.dim() - 1))).expand(t.shape) for t in run.outputs]
+        return masks, bool((real_rows & ~rows).any())
+
+    def check(self) -> CaseResult:
+        op, real = self.op, self.real
+        clean, (first, second, zero_padded) = self.runs()
+        masks, sampled = self.checked(first)
+        result = CaseResult(rows_real=real, launches=first.records, sampled=sampled, masks=masks)
+        same_sets = all(torch.equal(a[:real], b[:real]) for a, b in zip(masks, self.checked(second)[0]))
+        result.deterministic = same_sets and all(_same_masked(a, b, m)
+                                                 for a, b, m in zip(first.outputs, second.outputs, masks))
+        result.padding_harmless = all(_same_masked(a, b, m)
+                                      for a, b, m in zip(first.outputs, zero_padded.outputs, masks))
+
+        outputs, expected_state = _reference_call(op, clean, real)
+        expected = op.to_float(outputs)
+        got = op.to_float(tuple(t.cpu()[:real] for t in first.outputs))
+        real_masks = [m[:real] for m in masks]
+        # rows every output is checked on completely: the mask of a result that is not one raw output
+        full_rows = torch.ones(real, dtype=torch.bool)
+        for m in real_masks:
+            full_rows &= m.reshape(real, -1).all(dim=1) if m.numel() else full_rows
+        rows_any = torch.zeros(real, dtype=torch.bool)
+        for i, (name, g, e) in enumerate(zip(op.result_names, got, expected)):
+            m = real_masks[i] if i < len(real_masks) and real_masks[i].shape == g.shape else None
+            if m is None:
+                m = full_rows.reshape(-1, *([1] * (g.dim() - 1))).expand(g.shape)
+            result.cosines[name] = cosine(g[m], e[m])
+            result.elements_checked[name] = int(m.sum())
+            rows_any |= m.reshape(real, -1).any(dim=1)
+        result.rows_checked = int(rows_any.sum())
+        _check_mutated(op, clean, expected_state, [r.state for r in (first, second, zero_padded)], result)
+        return result
 
 
 def check_case(package, entry, op_name: str, dims: dict, tokens: int, real: int, seed: int) -> CaseResult:
-    op = OPS[op_name]
-    dev = devices.current().torch_device
-    sample = devices.current().emulated and package.workgroups in SAMPLED_KINDS
-    sample = _sampling(package, real, seed) if sample and tokens > package.sample_above_tokens else {}
-    if op.mutates:
-        sample = {}  # the mutated-argument check needs every write: such ops run whole
-    if sample and package.workgroups in ("tiles", "tokens"):
-        return _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sample)
-    clean, (first, records), (second, _), (zero_padded, _), states = _three_runs(
-        op, package, op_name, entry, dims, tokens, real, seed, dev, sample
-    )
-
-    result = CaseResult(rows_real=real, launches=records)
-    rows = torch.zeros(tokens, dtype=torch.bool)
-    rows[:real] = True
-    if sample:
-        owned = _rows_owned(records, tokens)
-        result.sampled = bool((~owned[:real]).any())
-        rows &= owned
-    result.rows_checked = int(rows.sum())
-
-    result.deterministic = all(same_rows(a, b, rows) for a, b in zip(first, second))
-    result.padding_harmless = all(same_rows(a, b, rows) for a, b in zip(first, zero_padded))
-    outputs, expected_state = _reference_call(op, clean, real)
-    expected = op.to_float(outputs)
-    got = op.to_float(tuple(t.cpu()[:real] for t in first))
-    checked = rows[:real]
-    for name, g, e in zip(op.result_names, got, expected):
-        result.cosines[name] = cosine(g[checked], e[checked])
-    _check_mutated(op, clean, expected_state, states, result)
-    return result
+    return Case(package, entry, op_name, dims, tokens, real, seed).check()
 
 
 @contextlib.contextmanager
@@ -300,40 +386,6 @@ def no_execution():
             yield
     else:
         yield
-
-
-def _check_tiles(op, package, entry, op_name, dims, tokens, real, seed, dev, sample) -> CaseResult:
-    """`workgroups = "tiles"` / "tokens": a sample of workgroups runs; exactly the bytes they stored are compared."""
-    clean, (first, records), (second, records2), (zero_padded, _), _ = _three_runs(
-        op, package, op_name, entry, dims, tokens, real, seed, dev, sample
-    )
-    masks = _tile_masks(records, first)
-    for m in masks:
-        m[real:] = False                      # real rows only
-    result = CaseResult(rows_real=real, launches=records)
-    result.sampled = any(rec.sampled for rec in records)
-    same_sets = all(torch.equal(a[:real], b[:real]) for a, b in zip(masks, _tile_masks(records2, second)))
-    result.deterministic = same_sets and all(_same_masked(a, b, m) for a, b, m in zip(first, second, masks))
-    result.padding_harmless = all(_same_masked(a, b, m) for a, b, m in zip(first, zero_padded, masks))
-
-    real_inputs = {k: (v[:real] if k in op.row_inputs else v) for k, v in clean.items()}
-    expected = op.to_float(op.reference(**real_inputs))
-    got = op.to_float(tuple(t.cpu()[:real] for t in first))
-    real_masks = [m[:real] for m in masks]
-    # rows every output stored completely: the fallback when a compared result is not one raw output
-    full_rows = torch.ones(real, dtype=torch.bool)
-    for m in real_masks:
-        full_rows &= m.reshape(real, -1).all(dim=1) if m.numel() else full_rows
-    rows_any = torch.zeros(real, dtype=torch.bool)
-    for i, (name, g, e) in enumerate(zip(op.result_names, got, expected)):
-        m = real_masks[i] if i < len(real_masks) and real_masks[i].shape == g.shape else None
-        if m is None:
-            m = full_rows.reshape(-1, *([1] * (g.dim() - 1))).expand(g.shape)
-        result.cosines[name] = cosine(g[m], e[m])
-        result.elements_checked[name] = int(m.sum())
-        rows_any |= m.reshape(real, -1).any(dim=1)
-    result.rows_checked = int(rows_any.sum())
-    return result
 
 
 # ---- batch invariance --------------------------------------------------------------------------------------
@@ -358,14 +410,14 @@ def invariance_counts(package, max_tokens: int, op: str = "") -> list[int]:
 
 
 def _token_workgroups(package, positions: frozenset, tokens: int):
-    """Emulator workgroup filter: only the workgroups computing the token rows `positions` run ("rows":
-    grid x splits the rows; "tiles": grid y is the token tile, as in every "tiles" package; "tokens": the
-    package names them). None where every workgroup must run."""
-    if package.workgroups == "tokens":
-        return functools.partial(getattr(importlib.import_module(package.module), "emulator_workgroups"), positions)
-    if package.workgroups not in ("rows", "tiles"):
+    """Emulator workgroup filter: only the workgroups computing the token rows `positions` run (the kind's
+    token axis splits the rows into blocks, or the package names them). None where every workgroup must run."""
+    sampling = SAMPLINGS.get(package.workgroups)
+    if sampling is None:
         return None
-    axis = 0 if package.workgroups == "rows" else 1
+    if sampling.token_axis is None:
+        return functools.partial(tokens_hook(package), positions)
+    axis = sampling.token_axis
 
     def chooser(kernel, grid, pointers, read):
         g = grid[axis]  # token blocks of some size t with ceil(tokens / t) = g: row p lies in a block of
@@ -508,8 +560,7 @@ def check_sequence_invariance(package, entry, op_name: str, dims: dict, tokens: 
     def run(inputs, wanted):
         sample = {}
         if sampled:
-            chooser = getattr(importlib.import_module(package.module), "emulator_workgroups")
-            sample = dict(workgroup_filter=functools.partial(chooser, frozenset(wanted)))
+            sample = dict(workgroup_filter=functools.partial(tokens_hook(package), frozenset(wanted)))
         return _run(entry, to_device(package.entry_inputs(entry_name, inputs), dev), order_seed=None, sample=sample)
 
     (full, *_), full_rec = run(fill_padding(clean, op.row_inputs, real, True, op.padding_values), rows)

@@ -1,11 +1,13 @@
 """The harness's command line.
 
-  python -m harness run regimes/<model>.toml [--tokens 1,8,64] [--no-exec]
-      warm up every kernel the regime names, then print one table per op and shape: warm-up (compile)
-      time, ISA card of each variant, and, where a GPU or the emulator executes, cosine, determinism and
-      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py;
-      multi-rank ops: each rank projects its own launches; the range over ranks is shown, its low end the
-      rank that waited least for its peers, i.e. ranks arriving together).
+  python -m harness run regimes/<model>.toml [--all] [--tokens 1,8,64] [--only gemm/] [--plan] [--no-exec]
+      warm up every kernel the regime names, then print per op and shape: warm-up (compile) time, ISA card
+      of each variant, and, where a GPU or the emulator executes, one row per token count as it finishes:
+      cosine, determinism and padding results, with the cost model's projected MI355X us
+      (benchmarks/costmodel.py; multi-rank ops: each rank projects its own launches; the range over ranks is
+      shown, its low end the rank that waited least for its peers, i.e. ranks arriving together). On the
+      emulator the counts CI checks (kernel.toml [emulator] sets), --all every count. Results on stdout;
+      a progress bar and the time left on stderr.
   python -m harness run regimes/<model>.toml --layer [--tp 1] [--tokens 1,8,64,256]
       the regime's decoder layer ([[layer]]): each step's entry, its warm-up time, and at each decode token
       count the kernels it launches, the cost model's projected us and the floor, per step and in total
@@ -55,55 +57,125 @@ def _card_row(key, card) -> list:
 CARD_HEADERS = ["variant", "vgpr", "agpr", "sgpr", "lds", "scratch", "waves/simd", "mfma", "global loads", "rules"]
 
 
+def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, emulated: bool = True,
+         only: str = "") -> list:
+    """What `harness run` checks, without running anything: [(shape, package, [TokenCount])] for each op
+    shape the regime serves. By default the counts CI checks (KernelPackage.checked_by_default: on the
+    emulator the kernel.toml [emulator] sets); `every`: all the regime's counts; `tokens`: these (whether CI
+    checks them or not); `only`: the shapes whose kernel path contains it or whose op it names."""
+    from harness import cases, discovery, regimes
+
+    path = Path(regime)
+    regimes.load(path)  # validate the file
+    packages = discovery.discover()
+    out = []
+    for shape in cases.op_shapes([path.stem]):
+        if only and only not in shape.kernel and only != shape.op:
+            continue
+        pkg = packages[shape.kernel]
+        counts = [c for c in shape.token_counts
+                  if (c.tokens in tokens if tokens else every or pkg.checked_by_default(shape.op, c.tokens, emulated))]
+        out.append((shape, pkg, counts))
+    return out
+
+
+# The row of one token count, printed as it finishes: fixed-width columns first, then cosine and result
+# (s: wall seconds of the case, cpu s: this process's CPU seconds, which a shared machine does not inflate).
+ROW = [("tokens", 6), ("real", 6), ("determ.", 7), ("padding", 7), ("rows checked", 18), ("projected us", 12),
+       ("s", 7), ("cpu s", 7), ("cosine", 0), ("result", 0)]
+MULTIRANK_ROW = [("tokens", 6), ("real", 6), ("ranks equal", 11), ("repeat equal", 12),
+                 ("projected us (ranks: least-most waiting)", 40), ("s", 7), ("cosine", 0), ("result", 0)]
+
+
+def _line(columns, cells) -> str:
+    return "  ".join(str(c).ljust(w) for (_, w), c in zip(columns, cells)).rstrip()
+
+
+def _print_header(out, columns) -> None:
+    out(_line(columns, [h for h, _ in columns]))
+    out(_line(columns, ["-" * max(w, len(h)) for h, w in columns]))
+
+
 def cmd_run(args) -> int:
     if args.layer:
         return cmd_layer(args)
     dev = _setup()
-    from harness import cases, checks, discovery, regimes
+    from harness import progress
+
+    wanted_tokens = {int(t) for t in args.tokens.split(",")} if args.tokens else None
+    emulated = dev.emulated
+    work = plan(args.regime, every=args.all, tokens=wanted_tokens, emulated=emulated, only=args.only)
+    if args.plan:
+        for shape, _, counts in work:
+            print(f"{shape.op} @ {shape.kernel}  ({', '.join(shape.served_by)}): {len(counts)} of "
+                  f"{len(shape.token_counts)} counts: {' '.join(str(c.tokens) for c in counts)}")
+        print(f"{sum(len(c) for *_, c in work)} cases")
+        return 0
+    from harness import checks
     from references import OPS
 
-    path = Path(args.regime)
-    regime_name = path.stem
-    regimes.load(path)  # validate the file
-    packages = discovery.discover()
-    wanted_tokens = {int(t) for t in args.tokens.split(",")} if args.tokens else None
-    failed = False
-    print(f"regime {regime_name} on {dev.kind}")
-    for shape in cases.op_shapes([regime_name]):
-        pkg = packages[shape.kernel]
+    n_cases = 0 if args.no_exec else sum(len(c) for *_, c in work)
+    scope = "every regime count (--all)" if args.all else ("the counts CI checks (--all: every count)"
+                                                           if emulated else "every count")
+    print(f"regime {Path(args.regime).stem} on {dev.kind}: {len(work)} op shapes, {n_cases} cases; {scope}",
+          flush=True)
+    bar = progress.Progress([(shape.id, shape.dims_json, [(c.tokens, c.real) for c in counts])
+                             for shape, _, counts in work], executing=not args.no_exec)
+    failed, carded = False, set()
+    for shape, pkg, counts in work:
         entry = pkg.import_entries()[pkg.entry_for_op(shape.op)]
+        bar.status(f"warming up {shape.op} @ {shape.kernel}")
         start = time.perf_counter()
         report = entry.warm_up()
         warm_s = time.perf_counter() - start
-        print(f"\n== {shape.op} @ {shape.kernel}  (served by {', '.join(shape.served_by)})")
+        bar.warmed(shape.id, shape.dims_json, warm_s)
+        bar.out(f"\n== {shape.op} @ {shape.kernel}  (served by {', '.join(shape.served_by)})")
+        bar.out(f"dims {shape.dims_json}")
         if report:
-            print(f"warm-up {warm_s:.2f} s: {report['compiled']} of {report['variants']} variants compiled, "
-                  "the rest loaded from the disk cache")
+            bar.out(f"warm-up {warm_s:.2f} s: {report['compiled']} of {report['variants']} variants compiled, "
+                    "the rest loaded from the disk cache")
         else:
-            print("already warm in this process")
-        card_rows = [_card_row(k, c) for k, c in _cards_of(entry)]
-        print(_table(CARD_HEADERS, card_rows))
-        failed |= any(r[-1] != "ok" for r in card_rows)
+            bar.out("already warm in this process")
+        if id(entry) in carded:  # another shape of the same entry: the same variants
+            bar.out("ISA cards: as above")
+        else:
+            carded.add(id(entry))
+            card_rows = [_card_row(k, c) for k, c in _cards_of(entry)]
+            bar.out(_table(CARD_HEADERS, card_rows))
+            failed |= any(r[-1] != "ok" for r in card_rows)
         if args.no_exec:
             continue
-        rows = []
-        if pkg.ranks > 1:  # multi-rank kernels run on pkg.ranks ranks (harness/multirank.py)
-            failed |= _run_multirank(pkg, shape, wanted_tokens)
+        bar.out(f"{len(counts)} of {len(shape.token_counts)} token counts"
+                + ("" if len(counts) == len(shape.token_counts) else " (--all: every count)"))
+        if not counts:
             continue
-        for count in shape.token_counts:
-            if wanted_tokens and count.tokens not in wanted_tokens:
-                continue
+        if pkg.ranks > 1:  # multi-rank kernels run on pkg.ranks ranks (harness/multirank.py)
+            failed |= _run_multirank(pkg, shape, counts, bar)
+            continue
+        _print_header(bar.out, ROW)
+        for count in counts:
+            bar.status(f"{shape.op} @ {shape.kernel} at {count.tokens} tokens")
+            start, cpu = time.perf_counter(), time.process_time()
             seed = checks.seed_of(shape.id, count.tokens, count.real)
-            res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+            try:
+                res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
+            except Exception as e:  # e.g. a SanitizerReport: this row fails, the run goes on
+                failed = True
+                bar.done(shape.id, shape.dims_json, (count.tokens, count.real), time.perf_counter() - start)
+                bar.out(_line(ROW, [count.tokens, count.real, "-", "-", "-", "-", "-", "-", "-",
+                                    f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"]))
+                continue
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             bad = res.failures(OPS[shape.op].cosine_min)
             failed |= bool(bad)
-            cos = " ".join(f"{n}={c:.6f}" for n, c in res.cosines.items())
-            rows.append([count.tokens, count.real, cos, "yes" if res.deterministic else "NO",
-                         "yes" if res.padding_harmless else "NO",
-                         f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""),
-                         _projected(res.launches), "ok" if not bad else "; ".join(bad)])
-        print(_table(["tokens", "real", "cosine", "deterministic", "padding harmless", "rows checked",
-                      "projected us", "result"], rows))
+            bar.done(shape.id, shape.dims_json, (count.tokens, count.real), seconds)
+            bar.out(_line(ROW, [count.tokens, count.real, "yes" if res.deterministic else "NO",
+                                "yes" if res.padding_harmless else "NO",
+                                f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""),
+                                _projected(res.launches), f"{seconds:.1f}", f"{cpu:.1f}",
+                                " ".join(f"{n}={c:.6f}" for n, c in res.cosines.items()),
+                                "ok" if not bad else "; ".join(bad)]))
+    bar.finish()
     return 1 if failed else 0
 
 
@@ -118,27 +190,36 @@ def _projected(launches) -> str:
     return f"{'~' if any(r.workgroups_executed is not None for r in launches) else ''}{us:.2f}"
 
 
-def _run_multirank(pkg, shape, wanted_tokens) -> bool:
+def _run_multirank(pkg, shape, counts, bar) -> bool:
+    """All of the shape's counts in one set of rank processes (starting them costs more than a case): the
+    rows print when the last count is done."""
     from harness import checks, multirank
     from references import OPS
 
-    counts = [c for c in shape.token_counts if not wanted_tokens or c.tokens in wanted_tokens]
-    if not counts:
-        return False
+    bar.status(f"{shape.op} @ {shape.kernel}: {len(counts)} counts on {pkg.ranks} ranks")
+    start = time.perf_counter()
     triples = [(c.tokens, c.real, checks.seed_of(shape.id, c.tokens, c.real) % 100_000) for c in counts]
-    results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
-                                    world=pkg.ranks)
-    rows, failed = [], False
+    try:
+        results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
+                                        world=pkg.ranks, sample_above=pkg.sample_above_tokens)
+    except Exception as e:  # e.g. a rank waiting too long for its peers on a busy machine: the run goes on
+        bar.out(f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        for c in counts:
+            bar.done(shape.id, shape.dims_json, (c.tokens, c.real), 0.0)
+        return True
+    seconds = (time.perf_counter() - start) / len(counts)
+    _print_header(bar.out, MULTIRANK_ROW)
+    failed = False
     for c, res in zip(counts, results):
         bad = res.failures(OPS[shape.op].cosine_min)
         failed |= bool(bad)
-        cos = " ".join(f"{n}={v:.6f}" for n, v in res.cosines.items())
+        bar.done(shape.id, shape.dims_json, (c.tokens, c.real), seconds)
         # the least-waiting rank: an emulated rank that starts early polls flags for the emulator's time
         projected = (f"{min(res.projected_us):.2f}-{max(res.projected_us):.2f}" if res.projected_us else "-")
-        rows.append([c.tokens, c.real, cos, "yes" if res.ranks_equal else "NO",
-                     "yes" if res.repeat_equal else "NO", projected, "ok" if not bad else "; ".join(bad)])
-    print(_table(["tokens", "real", "cosine", f"{pkg.ranks} ranks equal", "repeat equal",
-                  "projected us (ranks: least-most waiting)", "result"], rows))
+        bar.out(_line(MULTIRANK_ROW, [c.tokens, c.real, "yes" if res.ranks_equal else "NO",
+                                      "yes" if res.repeat_equal else "NO", projected, f"~{seconds:.1f}",
+                                      " ".join(f"{n}={v:.6f}" for n, v in res.cosines.items()),
+                                      "ok" if not bad else "; ".join(bad)]))
     return failed
 
 
@@ -240,7 +321,14 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="warm up and check every kernel a regime names")
     run.add_argument("regime", help="regimes/<model>.toml")
-    run.add_argument("--tokens", help="comma-separated token counts to execute (default: all)")
+    run.add_argument("--all", action="store_true",
+                     help="on the emulator, check every regime token count (default: the counts CI checks, "
+                          "the kernel.toml [emulator] sets; a GPU always checks every count)")
+    run.add_argument("--tokens", help="comma-separated token counts to execute (any regime count)")
+    run.add_argument("--only", default="", help="only the kernels whose path contains this (e.g. gemm/, "
+                                                "moe/mxfp4) or the op it names")
+    run.add_argument("--plan", action="store_true", help="list the op shapes and token counts it would check, "
+                                                         "then stop")
     run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")
     run.add_argument("--layer", action="store_true",
                      help="the regime's decoder layer: each step's entry, warm-up, launches, projected us and floor "

@@ -44,6 +44,12 @@ class KernelPackage:
     def emulator_counts_for(self, op: str) -> tuple:
         return tuple(self.emulator_op_token_counts.get(op, self.emulator_token_counts))
 
+    def checked_by_default(self, op: str, tokens: int, emulated: bool) -> bool:
+        """Does CI check `op` at `tokens` (and `harness run` without --all)? A GPU checks every count; the
+        emulator the kernel.toml [emulator] set, or every count where the package lists none."""
+        subset = self.emulator_counts_for(op)
+        return not emulated or not subset or tokens in subset
+
     def import_entries(self) -> dict:
         mod = importlib.import_module(self.module)
         return {name: getattr(mod, name) for name in self.entries}

@@ -84,8 +84,8 @@ FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 
 def _numeric_param(shape, count):
     marks = []
-    subset = PACKAGES[shape.kernel].emulator_counts_for(shape.op) if shape.kernel in PACKAGES else ()
-    if subset and count.tokens not in subset and not FULL and devices.current().emulated:
+    pkg = PACKAGES.get(shape.kernel)
+    if pkg and not FULL and not pkg.checked_by_default(shape.op, count.tokens, devices.current().emulated):
         marks.append(pytest.mark.skip(reason=f"emulator: {count.tokens} tokens is outside kernels/{shape.kernel}"
                                       "'s emulated set; AMD_KERNELS_FULL=1 runs it"))
     return pytest.param(shape, count, id=f"{shape.kernel}:{shape.op}:m{count.tokens}r{count.real}", marks=marks)

@@ -21,8 +21,7 @@ FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 
 
 def _runs(shape, count) -> bool:
-    subset = PACKAGES[shape.kernel].emulator_token_counts
-    return FULL or not devices.current().emulated or not subset or count.tokens in subset
+    return FULL or PACKAGES[shape.kernel].checked_by_default(shape.op, count.tokens, devices.current().emulated)
 
 
 def _param(shape, count):

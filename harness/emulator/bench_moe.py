@@ -35,7 +35,7 @@ def main():
     dims = next(s.dims for s in cases.op_shapes() if s.kernel == a.shape)
     clean = OPS[op_name].build_inputs(a.tokens, dims, seed)
     inputs = checks.to_device(pkg.entry_inputs(entry_name, clean), devices.current().torch_device)
-    sample = checks._sampling(pkg, a.tokens, seed) if a.tokens > pkg.sample_above_tokens else {}
+    sample = checks.Case(pkg, entry, op_name, dims, a.tokens, a.tokens, seed).emulator_options()
 
     def call():
         with emulator.options(workgroup_order_seed=seed, sanitize=True, interleave_seed=seed, **sample), \
