@@ -18,6 +18,7 @@ import numpy as np
 from . import mfma, ranks
 from .lanes import swizzle_source_lanes
 from .operands import exec_mask, parse_operand, raw_reader, row_of, scalar_reader
+from .sanitizer import GroupRows
 from .semantics import ATOMIC32
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
@@ -466,6 +467,7 @@ def build_buffer(inst, ctx):
     if kind == "load":
         row = row_of(data_op, acc)
         dmask = _vmask(row, nbytes // 4)
+        nd = nbytes // 4
 
         def h(w):
             act = _active(w)
@@ -564,11 +566,20 @@ def build_buffer(inst, ctx):
                     _one_by_one(h, waves)       # as alone: the first wave with a report raises it
                     return
             got = {}
+            regs = waves[0].v.base
             if fast:
                 data = mem_read(a, nbytes)
                 counters.global_load(a, nbytes)
-                for n, w in enumerate(fast):
-                    got[id(w)] = (data[n * WAVE: (n + 1) * WAVE], _ALL)
+                if nbytes >= 4:
+                    # every lane's whole dwords: one GroupRows, written for every wave whose wait comes in
+                    # one lockstep s_waitcnt (sanitizer.GroupRows), or now for all
+                    rows = GroupRows(regs, [w.slot for w in fast], row,
+                                     data.view(U32).reshape(len(fast), WAVE, nd).transpose(0, 2, 1))
+                    for n, w in enumerate(fast):
+                        got[id(w)] = rows.item(n)
+                else:
+                    for n, w in enumerate(fast):
+                        got[id(w)] = (data[n * WAVE: (n + 1) * WAVE], _ALL)
             if part:
                 safe = np.where(lane_ok, A, SAFE_ADDR)
                 data = mem_read(safe.reshape(-1), nbytes).reshape(P, WAVE, ndw, -1)
@@ -579,11 +590,24 @@ def build_buffer(inst, ctx):
                 for n, (w, act, _, _) in enumerate(part):
                     got[id(w)] = (data[n], act) if act is _ALL else \
                         ((data[n][act], act) if act.any() else None)
+            if waves[0].san is None:
+                rows = None
+                for w in waves:
+                    x = got[id(w)]
+                    if type(x) is GroupRows.Item:
+                        rows = x.rows
+                    elif x is not None:
+                        _bytes_to_rows(w, row, x[0], x[1], nbytes, sext, d16)
+                if rows is not None:
+                    rows.write_all()
+                return
             for w in waves:                     # in the group's order, as alone (a missing wait reports)
                 x = got[id(w)]
                 try:
                     if x is None:
                         _deliver(w, "vm", dmask, None)
+                    elif type(x) is GroupRows.Item:
+                        w.san.issue("vm", dmask, x)
                     else:
                         _deliver(w, "vm", dmask, lambda w=w, d=x[0], act=x[1]: _bytes_to_rows(
                             w, row, d, act, nbytes, sext, d16))

@@ -96,6 +96,36 @@ def test_buffer_loads_in_and_out_of_range_and_partial_exec(opts):
     np.testing.assert_array_equal(v[1][14][21:], _inputs()[(12 * tid + 16) // 4][21:])
 
 
+
+# loads into the same registers before one s_waitcnt (the later load's bytes win), partly covered by
+# vmcnt(1), and a wave whose first load is a group load (rows written by the lockstep s_waitcnt in one store)
+# and whose second, into the same register, is its own (lanes past num_records in wave 3 only)
+RELOADS = BUFFER + """
+  v_lshlrev_b32 v22, 2, v0
+  buffer_load_dword v30, v21, s[24:27], 0 offen
+  buffer_load_dword v30, v21, s[24:27], 0 offen offset:4
+  buffer_load_dwordx2 v[40:41], v21, s[24:27], 0 offen offset:8
+  s_waitcnt vmcnt(1)
+  v_mov_b32 v33, v30
+  buffer_load_dwordx4 v[34:37], v22, s[24:27], 0 offen
+  buffer_load_dword v35, v21, s[24:27], 0 offen offset:16
+  buffer_load_dwordx2 v[38:39], v22, s[24:27], 0 offen offset:512
+  buffer_load_dwordx2 v[38:39], v22, s[24:27], 0 offen offset:256
+  s_waitcnt vmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_buffer_loads_into_one_register_later_wins(opts):
+    v, _, _ = _both(RELOADS, opts, slice(30, 42))
+    x = _inputs()
+    for k in range(4):
+        off = 12 * (64 * k + np.arange(64))
+        np.testing.assert_array_equal(v[k][0], np.where(off + 8 <= 3000, x[(off + 4) // 4], 0))
+        np.testing.assert_array_equal(v[k][3], v[k][0])
+        np.testing.assert_array_equal(v[k][5], np.where(off + 20 <= 3000, x[(off + 16) // 4], 0))
+        np.testing.assert_array_equal(v[k][8], x[(4 * (64 * k + np.arange(64)) + 256) // 4])
+
 class _Map:
     """A memory option (emulator.guard's interface) reaching [start, end) of the input and the kernarg."""
 
