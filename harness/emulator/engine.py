@@ -27,22 +27,6 @@ LOCKSTEP_WAVES = 64     # waves per lockstep batch: whole workgroups, consecutiv
 
 YIELD = -1000       # run_wave_sanitized: the wave's slice of the interleaving ran out
 
-# glibc returns freed memory at the top of the heap to the system at once, so the emulator's numpy temporaries
-# (an MFMA group's decoded operands are MBs) were page-faulted in afresh at every instruction: about two
-# thirds of an MFMA group's time. Keeping 64 MB of padding on the heap (M_TOP_PAD) reuses those pages; it
-# costs at most that much resident memory.
-TOP_PAD = 64 << 20
-
-
-def _keep_heap_pages():
-    try:
-        ctypes.CDLL(None).mallopt(-2, TOP_PAD)      # M_TOP_PAD
-    except (OSError, AttributeError):               # not glibc: nothing to tune
-        pass
-
-
-_keep_heap_pages()
-
 
 class LaunchError(RuntimeError):
     pass
