@@ -13,6 +13,13 @@ and are only quantized and projected row by row; the MoE output is the layer's l
 decode step refills its padding rows with garbage, as a server's padded batch holds whatever was there.
 (The paged attention's filter runs every KV head of a sequence only up to 8192 keys, its package's
 EMULATOR_ALL_HEADS_KEYS: chains keep their contexts below that so the O projection reads whole rows.)
+A prefill step has too many real rows to run the MoE on all of them: there the "tokens" packages run the
+workgroups of a sample of the real rows (`rows`; the attention: whole Q tiles holding them, at most 3 per
+sequence). That composes because every op after the KV write (which runs whole, so the next step reads the
+whole cache) works row by row: the attention's row reads only the cache and its own q, the quantization,
+GEMM, norms and router are per row, the MoE's row depends on its own routing only. So the sampled rows of
+every later output are exact, the other rows hold garbage that no sampled row reads, and the checks compare
+the sampled rows.
 The "rows" / "tiles" kernels run every workgroup (a sampled run would leave rows the next op reads
 unwritten). So the cost of a chain is that of its real rows; the MoE dominates (each real row runs four
 experts).
@@ -156,16 +163,17 @@ class Prepared:
         return {**{k: ref_args[k] for k in passed}, **prepared}
 
 
-def real_rows_filter(pkg, real: int):
-    """Emulator option: a "tokens" package runs the workgroups of rows 0..real-1 (every real row)."""
+def real_rows_filter(pkg, real: int, rows=None):
+    """Emulator option: a "tokens" package runs the workgroups of rows 0..real-1 (every real row), or of
+    `rows` (a sample of them)."""
     chooser = getattr(importlib.import_module(pkg.module), "emulator_workgroups")
-    return functools.partial(chooser, frozenset(range(real)))
+    return functools.partial(chooser, frozenset(range(real)) if rows is None else frozenset(int(r) for r in rows))
 
 
 def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, batch: dict, cache: dict,
               layer_idx: int, real: int | None = None, order_seed: int | None = None,
               prepared: Prepared | None = None, local: bool = False, upto: int | None = None,
-              around_step=None, references: dict | None = None, rank: dict | None = None) -> dict:
+              around_step=None, references: dict | None = None, rank: dict | None = None, rows=None) -> dict:
     """One pass of the chain -> {"<step>.<output>": tensor}. backend "reference": the ops' references (the
     caller passes real rows only); "kernels": the package entries on the executing device, `cache` written
     in place; on the emulator with workgroups in `order_seed` order, "tokens" packages on the real rows.
@@ -176,7 +184,9 @@ def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, ba
     references: step name -> a function used instead of that step's reference (backend "reference"; e.g.
     references.attention.paged_attention_p_bf16 for the chain bound); with `local`, also the local reference
     (None: no local reference for that step, e.g. an all-reduce, whose reference needs every rank's input).
-    rank: the "rank.<x>" source (TP > 1: {"tp_rank": r})."""
+    rank: the "rank.<x>" source (TP > 1: {"tp_rank": r}).
+    rows: on the emulator, the real rows the "tokens" packages run (default all `real`): a sample, when every
+    op after the last whole-batch step works row by row (the module docstring: prefill chains)."""
     steps = (layer.first_steps if residual is None else layer.steps)[:upto]
     sources = {"in": {"hidden": hidden, "residual": residual}, "batch": batch, "cache": cache, "w": weights,
                "layer": layer_constants(layer, layer_idx), "model": layer.model, "rank": rank or {}}
@@ -191,7 +201,7 @@ def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, ba
             local_args = _local_args(op, args, real) if local else None
             prepared = prepared if prepared is not None else Prepared()
             with (around_step(st) if around_step else contextlib.nullcontext()):
-                outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed)
+                outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed, rows)
             local_ref = (references or {}).get(st.name, op.reference)
             if local and local_ref is not None:  # the reference on this chain's own inputs: a kernel's error alone
                 lo = local_ref(**local_args)
@@ -218,7 +228,7 @@ def _local_args(op, args: dict, real: int) -> dict:
     return out
 
 
-def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
+def _call_kernel(pkg, entry, inputs: dict, real, order_seed, rows=None):
     dev = devices.current()
     if not dev.emulated:
         return entry(**inputs)
@@ -226,7 +236,7 @@ def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
 
     opts = {"workgroup_order_seed": order_seed}
     if pkg.workgroups == "tokens" and real is not None:
-        opts["workgroup_filter"] = real_rows_filter(pkg, real)
+        opts["workgroup_filter"] = real_rows_filter(pkg, real, rows)
     with emulator.options(**opts):
         return entry(**inputs)
 
