@@ -46,7 +46,12 @@ from references import layer as ref_layer
 # residual mean 3.81e-7 std 7.0e-8 max 4.64e-7 (n 6 each; no expert swapped).
 PREFILL_BOUND = {0: {"output": 9.085e-04, "residual": 1.206e-05},  # 1 - cosine
                  1: {"output": 2.641e-04, "residual": 6.747e-07}}
-PREFILL_BOUND_TP8 = {0: {"output": None, "residual": None},
+# TP8 (the TP8 chain on the references as the second chain, as test_layer_tp8's LAYER_BOUND_TP8):
+#   ./env.sh python3 -m harness.layer_bound --prefill --seeds 3 --tp 8 --layer-idx 0
+# Its output (.cache/layer3/layer_bound_prefill_tp8_l0.txt): window (first layer) output mean 5.37e-4 std 4.8e-5
+# max 6.02e-4, residual mean 6.77e-6 std 1.22e-6 max 8.54e-6 (n 6; two steps swapped an expert, explained).
+# The full layer's is not derived yet (its test is skipped until it is).
+PREFILL_BOUND_TP8 = {0: {"output": 7.478e-04, "residual": 1.221e-05},
                      1: {"output": None, "residual": None}}
 SEQUENCES = len(layer_bound.PREFILL_PREFIXES)
 # CI time (the emulated MoE dominates): CI runs the full layer at TP1 and the window (first) layer at TP8, so
@@ -54,15 +59,27 @@ SEQUENCES = len(layer_bound.PREFILL_PREFIXES)
 # AMD_KERNELS_FULL=1 runs all four.
 FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 _CI = {1: 1, 8: 0}  # TP size -> the layer_idx CI runs
+# The TP8 prefill chain is opt-in (AMD_KERNELS_LAYER_TP8_PREFILL=1) until it has run to the end.
+TP8_VERIFIED = os.environ.get("AMD_KERNELS_LAYER_TP8_PREFILL", "") not in ("", "0")
 
 
 def _layer_params(tp: int) -> list:
-    if PREFILL_BOUND_TP8[0]["output"] is None and tp == 8:  # TODO(issue 16): derive, then run
-        return [pytest.param(li, id=name, marks=pytest.mark.skip(reason="TP8 prefill bounds not derived yet"))
-                for li, name in ((0, "window_first_layer"), (1, "full"))]
-    return [pytest.param(li, id=name, marks=() if FULL or _CI[tp] == li else pytest.mark.skip(
-        reason=f"CI time: TP{tp} runs the {'full' if _CI[tp] else 'window'} layer's prefill chain in CI; "
-               "AMD_KERNELS_FULL=1 runs it")) for li, name in ((0, "window_first_layer"), (1, "full"))]
+    table = PREFILL_BOUND if tp == 1 else PREFILL_BOUND_TP8
+    out = []
+    for li, name in ((0, "window_first_layer"), (1, "full")):
+        if table[li]["output"] is None:
+            skip = [pytest.mark.skip(reason=f"TP{tp}: this layer's prefill bound is not derived yet "
+                                            "(harness.layer_bound --prefill)")]
+        elif tp == 8 and not TP8_VERIFIED:
+            skip = [pytest.mark.skip(reason="the TP8 prefill chain has not run to the end yet; "
+                                            "AMD_KERNELS_LAYER_TP8_PREFILL=1 runs it")]
+        elif FULL or _CI[tp] == li:
+            skip = []
+        else:
+            skip = [pytest.mark.skip(reason=f"CI time: TP{tp} runs the {'full' if _CI[tp] else 'window'} layer's "
+                                            "prefill chain in CI; AMD_KERNELS_FULL=1 runs it")]
+        out.append(pytest.param(li, id=name, marks=skip))
+    return out
 
 
 def _run():
