@@ -59,8 +59,11 @@ SEQUENCES = len(layer_bound.PREFILL_PREFIXES)
 # AMD_KERNELS_FULL=1 runs all four.
 FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 _CI = {1: 1, 8: 0}  # TP size -> the layer_idx CI runs
-# The TP8 prefill chain is opt-in (AMD_KERNELS_LAYER_TP8_PREFILL=1) until it has run to the end.
-TP8_VERIFIED = os.environ.get("AMD_KERNELS_LAYER_TP8_PREFILL", "") not in ("", "0")
+# CI time budget: the TP8 window layer's prefill chain passed (1 passed in 10:45 on the loaded machine; 377 s user
+# + 20 s system CPU over its 9 processes, 2.3 GB peak in the test process), but with the TP1 full layer's 141 s
+# it passes the ~4 CI minutes this chain may add on 2 cores: opt-in (AMD_KERNELS_LAYER_TP8_PREFILL=1, or
+# AMD_KERNELS_FULL=1) until the lead moves it into CI.
+TP8_IN_CI = FULL or os.environ.get("AMD_KERNELS_LAYER_TP8_PREFILL", "") not in ("", "0")
 
 
 def _layer_params(tp: int) -> list:
@@ -70,8 +73,8 @@ def _layer_params(tp: int) -> list:
         if table[li]["output"] is None:
             skip = [pytest.mark.skip(reason=f"TP{tp}: this layer's prefill bound is not derived yet "
                                             "(harness.layer_bound --prefill)")]
-        elif tp == 8 and not TP8_VERIFIED:
-            skip = [pytest.mark.skip(reason="the TP8 prefill chain has not run to the end yet; "
+        elif tp == 8 and not TP8_IN_CI:
+            skip = [pytest.mark.skip(reason="CI time budget: the TP8 prefill chain is opt-in; "
                                             "AMD_KERNELS_LAYER_TP8_PREFILL=1 runs it")]
         elif FULL or _CI[tp] == li:
             skip = []
