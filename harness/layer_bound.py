@@ -170,7 +170,8 @@ def drift(layer, weights: dict, i: int, layer_idx: int, tp: int = 1, prefill: bo
     run_seed, step_seed = run_seeds(i)
     if prefill:
         run = prefill_run(i)
-        steps = [(b, run["reals"][s], len(PREFILL_PREFIXES), sampled_rows(run, s)) for s, b in enumerate(run["batches"])]
+        steps = [(b, run["reals"][s], len(PREFILL_PREFIXES), sampled_rows(run, s))
+                 for s, b in enumerate(run["batches"])]
     else:
         run = ref_layer.build_decode_run(TOKENS, CONTEXTS, STEPS, seed=run_seed)
         steps = [(b, run["real"], run["real"], None) for b in run["batches"]]

@@ -189,7 +189,8 @@ def test_prefill_chain(layer_idx):
                 g = _slots(caches[0][name].cpu(), live)
                 lc = cosine(g, _slots(envs[0][f"local:{st.name}.{m}"], live))
                 cc = cosine(g, _slots(ref_cache[name], live))
-                print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}")
+                print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  "
+                      f"chain {cc:.7f}")
                 if not lc >= op.cosine_min:
                     failures.append(f"step {s} cache.{name}: written slots cosine {lc:.7f} < {op.cosine_min}")
         for name in ("key", "value"):
