@@ -39,13 +39,14 @@ def route_cost(m: int, hidden: int, experts: int, top_k: int) -> Cost:
 
 
 def step_bench(kernel: str, op: str, dims: dict):
-    """A runner bench for one step: the package's benchmarks/<kernel>/bench.py when it benches this op (its
-    DIMS overridden by `dims` for the attention's contexts), else one built on the cost functions above."""
+    """A runner bench for one step: the package's benchmarks/<kernel>/bench.py when it benches this op (one of
+    its OPS: the runner passes the op to its cost; DIMS overridden by `dims` for the attention's contexts),
+    else one built on the cost functions above."""
     try:
         bench = importlib.import_module("benchmarks." + kernel.replace("/", ".") + ".bench")
     except ModuleNotFoundError:
         bench = None
-    if bench is not None and bench.OP == op:
+    if bench is not None and op in (bench.OP, *getattr(bench, "OPS", ())):
         if op == "paged_attention":
             d = {**bench.DIMS, "sliding_window": 0, "context_lengths": [CONTEXT]}
             return SimpleNamespace(PACKAGE=kernel, OP=op, DIMS=d, cost=lambda m, d=d: bench.cost(m, d))
@@ -59,7 +60,10 @@ def step_bench(kernel: str, op: str, dims: dict):
 
 
 def measure_step(kernel: str, op: str, dims: dict, tokens: int) -> dict:
-    """benchmarks.runner.measure_emulator of the step at `tokens` (its counters, projected us, floor)."""
+    """benchmarks.runner.measure_emulator of the step at `tokens` (its counters, projected us, floor); a
+    multi-rank step (the TP8 all-reduces) runs on 8 emulated ranks (runner.measure_ranks: per-rank counters,
+    the least-waiting rank's projection)."""
     from benchmarks import runner
 
-    return runner.measure_emulator(step_bench(kernel, op, dims), tokens)
+    bench = step_bench(kernel, op, dims)
+    return runner.measure_emulator(bench, tokens, op=op)

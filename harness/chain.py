@@ -13,6 +13,13 @@ and are only quantized and projected row by row; the MoE output is the layer's l
 decode step refills its padding rows with garbage, as a server's padded batch holds whatever was there.
 (The paged attention's filter runs every KV head of a sequence only up to 8192 keys, its package's
 EMULATOR_ALL_HEADS_KEYS: chains keep their contexts below that so the O projection reads whole rows.)
+A prefill step has too many real rows to run the MoE on all of them: there the "tokens" packages run the
+workgroups of a sample of the real rows (`rows`; the attention: whole Q tiles holding them, at most 3 per
+sequence). That composes because every op after the KV write (which runs whole, so the next step reads the
+whole cache) works row by row: the attention's row reads only the cache and its own q, the quantization,
+GEMM, norms and router are per row, the MoE's row depends on its own routing only. So the sampled rows of
+every later output are exact, the other rows hold garbage that no sampled row reads, and the checks compare
+the sampled rows.
 The "rows" / "tiles" kernels run every workgroup (a sampled run would leave rows the next op reads
 unwritten). So the cost of a chain is that of its real rows; the MoE dominates (each real row runs four
 experts).
@@ -156,16 +163,17 @@ class Prepared:
         return {**{k: ref_args[k] for k in passed}, **prepared}
 
 
-def real_rows_filter(pkg, real: int):
-    """Emulator option: a "tokens" package runs the workgroups of rows 0..real-1 (every real row)."""
+def real_rows_filter(pkg, real: int, rows=None):
+    """Emulator option: a "tokens" package runs the workgroups of rows 0..real-1 (every real row), or of
+    `rows` (a sample of them)."""
     chooser = getattr(importlib.import_module(pkg.module), "emulator_workgroups")
-    return functools.partial(chooser, frozenset(range(real)))
+    return functools.partial(chooser, frozenset(range(real)) if rows is None else frozenset(int(r) for r in rows))
 
 
 def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, batch: dict, cache: dict,
               layer_idx: int, real: int | None = None, order_seed: int | None = None,
               prepared: Prepared | None = None, local: bool = False, upto: int | None = None,
-              around_step=None, references: dict | None = None, rank: dict | None = None) -> dict:
+              around_step=None, references: dict | None = None, rank: dict | None = None, rows=None) -> dict:
     """One pass of the chain -> {"<step>.<output>": tensor}. backend "reference": the ops' references (the
     caller passes real rows only); "kernels": the package entries on the executing device, `cache` written
     in place; on the emulator with workgroups in `order_seed` order, "tokens" packages on the real rows.
@@ -176,7 +184,10 @@ def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, ba
     references: step name -> a function used instead of that step's reference (backend "reference"; e.g.
     references.attention.paged_attention_p_bf16 for the chain bound); with `local`, also the local reference
     (None: no local reference for that step, e.g. an all-reduce, whose reference needs every rank's input).
-    rank: the "rank.<x>" source (TP > 1: {"tp_rank": r})."""
+    rank: the "rank.<x>" source (TP > 1: {"tp_rank": r}).
+    rows: on the emulator, the real rows the "tokens" packages run (default all `real`): a sample, when every
+    op after the last whole-batch step works row by row (the module docstring: prefill chains); the
+    row-wise "tokens" steps' references (the MoE's, `row_wise`) then run on those rows only (zeros elsewhere)."""
     steps = (layer.first_steps if residual is None else layer.steps)[:upto]
     sources = {"in": {"hidden": hidden, "residual": residual}, "batch": batch, "cache": cache, "w": weights,
                "layer": layer_constants(layer, layer_idx), "model": layer.model, "rank": rank or {}}
@@ -186,15 +197,15 @@ def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, ba
         args = {a: _resolve(s, env, sources) for a, s in st.args.items()}
         op = OPS[pkg.entries[st.entry]]
         if backend == "reference":
-            outs = (references or {}).get(st.name, op.reference)(**args)
+            outs = _reference(pkg, op, (references or {}).get(st.name, op.reference), args, rows)
         else:
             local_args = _local_args(op, args, real) if local else None
             prepared = prepared if prepared is not None else Prepared()
             with (around_step(st) if around_step else contextlib.nullcontext()):
-                outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed)
+                outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed, rows)
             local_ref = (references or {}).get(st.name, op.reference)
             if local and local_ref is not None:  # the reference on this chain's own inputs: a kernel's error alone
-                lo = local_ref(**local_args)
+                lo = _reference(pkg, op, local_ref, local_args, rows)
                 env.update({f"local:{st.name}.{o}": t for o, t in zip(st.outputs, lo)})
                 env.update({f"local:{st.name}.{m}": local_args[m] for m in op.mutates})
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
@@ -203,6 +214,28 @@ def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, ba
         env.update({f"{st.name}.{o}": t for o, t in zip(st.outputs, outs)})
         env.update({f"{st.name}.{o}": _resolve(s, env, sources) for o, s in st.aliases.items()})
     return env
+
+
+def row_wise(pkg, op) -> bool:
+    """A "tokens" step whose rows are independent of each other (no sequence metadata, nothing written in
+    place: the MoE), so its reference on a sample of rows gives those rows' outputs."""
+    return pkg.workgroups == "tokens" and op.sub_batch is None and not op.mutates
+
+
+def _reference(pkg, op, fn, args: dict, rows):
+    """fn(**args), or for a row-wise step and sampled `rows`: fn on those rows, zeros in the other rows."""
+    if rows is None or not row_wise(pkg, op):
+        return fn(**args)
+    n = args[op.row_inputs[0]].shape[0]
+    idx = torch.tensor(sorted(rows), dtype=torch.long)
+    outs = fn(**{k: v[idx] if k in op.row_inputs else v for k, v in args.items()})
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    full = []
+    for o in outs:
+        t = torch.zeros((n, *o.shape[1:]), dtype=o.dtype)
+        t[idx] = o
+        full.append(t)
+    return tuple(full)
 
 
 def _local_args(op, args: dict, real: int) -> dict:
@@ -218,7 +251,7 @@ def _local_args(op, args: dict, real: int) -> dict:
     return out
 
 
-def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
+def _call_kernel(pkg, entry, inputs: dict, real, order_seed, rows=None):
     dev = devices.current()
     if not dev.emulated:
         return entry(**inputs)
@@ -226,7 +259,7 @@ def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
 
     opts = {"workgroup_order_seed": order_seed}
     if pkg.workgroups == "tokens" and real is not None:
-        opts["workgroup_filter"] = real_rows_filter(pkg, real)
+        opts["workgroup_filter"] = real_rows_filter(pkg, real, rows)
     with emulator.options(**opts):
         return entry(**inputs)
 
@@ -237,10 +270,12 @@ def padded(t: torch.Tensor, real: int) -> torch.Tensor:
 
 
 def run_layer_ranks(layer: Layer, *, hidden: list, residual: list | None, weights: list, batch: dict,
-                    caches: list, layer_idx: int, references: list | None = None, upto: int | None = None) -> list:
+                    caches: list, layer_idx: int, references: list | None = None, upto: int | None = None,
+                    rows=None) -> list:
     """The TP chain on the references in one process -> one env per rank: each step runs on every rank in turn
     (rank r's shard: weights[r], caches[r], hidden[r]), a multi-rank step's reference (an all-reduce) is called
-    once on the ranks' stacked partials `x` and every rank gets its result. references[r]: as run_layer's."""
+    once on the ranks' stacked partials `x` and every rank gets its result. references[r], rows: as
+    run_layer's."""
     world = len(weights)
     steps = (layer.first_steps if residual is None else layer.steps)[:upto]
     sources = [{"in": {"hidden": hidden[r], "residual": None if residual is None else residual[r]}, "batch": batch,
@@ -257,8 +292,8 @@ def run_layer_ranks(layer: Layer, *, hidden: list, residual: list | None, weight
             outs = op.reference(**{**args[0], "x": torch.stack([a["x"] for a in args])})
             per_rank = [outs] * world
         else:
-            per_rank = [((references or [None] * world)[r] or {}).get(st.name, op.reference)(**args[r])
-                        for r in range(world)]
+            per_rank = [_reference(pkg, op, ((references or [None] * world)[r] or {}).get(st.name, op.reference),
+                                   args[r], rows) for r in range(world)]
         for r, outs in enumerate(per_rank):
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             envs[r].update({f"{st.name}.{o}": t for o, t in zip(st.outputs, outs)})

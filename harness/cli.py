@@ -249,12 +249,12 @@ def cmd_layer(args) -> int:
             warm[key] = time.perf_counter() - start
         for i, t in enumerate(tokens):
             head = [st.name if i == 0 else "", key if i == 0 else "", f"{warm[key]:.2f}" if i == 0 else "", t]
-            if pkg.ranks > 1 or not dev.emulated:
-                rows.append(head + [f"({pkg.ranks} ranks: not costed here)" if pkg.ranks > 1 else "-", "-", "-", "-"])
+            if not dev.emulated:
+                rows.append(head + ["-", "-", "-", "-"])
                 continue
             res = layer_bench.measure_step(st.kernel, op, dims[(st.kernel, op)], t)
-            names = " + ".join(f"{L['kernel']}{L['grid']}" + (" sampled" if L["sampled"] else "")
-                               for L in res["launches"])
+            names = " + ".join(f"{L['kernel']}{L['grid']}" + (" sampled" if L.get("sampled") else "")
+                               for L in res["launches"]) + (f" ({pkg.ranks} ranks)" if pkg.ranks > 1 else "")
             totals[t][0] += res["projected_us"]
             totals[t][1] += res["floor_us"]
             rows.append(head + [names, f"{res['projected_us']:.2f}", f"{res['floor_us']:.3f}",

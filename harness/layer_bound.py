@@ -18,7 +18,13 @@ The bound on the kernel chain's 1 - cosine, per layer kind and quantity: max + 3
 kernel chain is one more draw of the same rounding, realized with running block maxima instead of the row
 max, plus rare last-bit changes elsewhere; 3 std over the largest sample is the margin for that).
 
-  ./env.sh python3 -m harness.layer_bound [--seeds 6] [--tp 8]   (about 100 s per seed on one core)
+  ./env.sh python3 -m harness.layer_bound [--seeds 6] [--tp 8] [--prefill]   (about 100 s per decode seed on one core)
+
+--prefill derives the chunked-prefill chain's bound (harness/test_layer_prefill.py) the same way on its run
+(PREFILL_PREFIXES, PREFILL_Q_LENS; seeds 1.. draw other caches and inputs), over the rows that chain samples.
+The prefill tier rounds where the decode tier does (references/attention.py: scores and the running max,
+sums and division in fp32, P rounded to bf16 before P V), so the same modelled chain covers it; the
+difference is the rows: 33-40 query rows per chunk, whose keys include the chunk's own rows.
 
 At --tp 8 the second chain is the TP8 chain on the references (each rank's shard, the all-reduces' rank-order
 fp32 sums of bf16 partials) with P rounded to bf16, against the TP1 reference chain: the TP8 kernel chain's
@@ -42,6 +48,12 @@ REGIME = REPO / "regimes" / "gpt_oss_120b.toml"
 TOKENS = 4  # harness/test_layer.py's LAYER_TOKENS, LAYER_CONTEXTS, LAYER_STEPS
 CONTEXTS = [62, 127, 1000]
 STEPS = 2
+# The chunked-prefill run (harness/test_layer_prefill.py; references/layer.py build_prefill_run): a prompt in two
+# chunks (40 rows without a cached prefix, then 33 rows reading the first chunk from the cache), a 33-row chunk
+# after a 1000-key cached prefix followed by its first decode token, and a decode sequence at the window's edge.
+# Q tiles are 32 rows: 33 and 40 rows end in a partial tile.
+PREFILL_PREFIXES = [0, 1000, 127]
+PREFILL_Q_LENS = [[40, 33], [33, 1], [1, 1]]
 
 
 def run_seeds(i: int) -> tuple[int, callable]:
@@ -49,6 +61,23 @@ def run_seeds(i: int) -> tuple[int, callable]:
     if i == 0:
         return checks.seed_of("layer-run"), lambda s: checks.seed_of("layer-step", s)
     return checks.seed_of("layer-run", i), lambda s: checks.seed_of("layer-step", s, i)
+
+
+def prefill_run(i: int) -> dict:
+    """Seed index i's chunked-prefill run (index 0: harness/test_layer_prefill.py's)."""
+    return ref_layer.build_prefill_run(PREFILL_PREFIXES, PREFILL_Q_LENS, seed=checks.seed_of("layer-prefill", i)
+                                       % 1_000_000)
+
+
+def sampled_rows(run: dict, s: int) -> list[int]:
+    """The rows a prefill chain's "tokens" steps run and its checks compare at step s (harness/chain.py): every
+    decode row, and of each prefill chunk its first and last row (so its first and its last, partial, Q tile:
+    the whole chunk at 33-40 rows; the MoE's emulation cost is per sampled row)."""
+    rows = []
+    for b, start in enumerate(run["starts"][s]):
+        n = PREFILL_Q_LENS[b][s]
+        rows += sorted({start, start + n - 1})
+    return rows
 
 
 def step_inputs(run: dict, s: int, layer_idx: int, step_seed) -> tuple:
@@ -107,10 +136,11 @@ def unexplained_flips(x_a, x_b, ids_a, ids_b, router_weight, router_bias) -> lis
     return out
 
 
-def chain_drift(layer, env_a: dict, env_b: dict, real: int | None = None) -> dict:
+def chain_drift(layer, env_a: dict, env_b: dict, real: int | None = None, rows: list | None = None) -> dict:
     """Chain a against chain b (the reference chain): {"agree": rows with the same experts, "output": 1 -
-    cosine of the layer output on those rows, "residual": 1 - cosine of the residual stream (all rows)}."""
-    rows = slice(None, real)
+    cosine of the layer output on those rows, "residual": 1 - cosine of the residual stream (all rows)}; over
+    `rows` only when given (a prefill chain's sampled rows), else the first `real`."""
+    rows = slice(None, real) if rows is None else torch.tensor(rows, dtype=torch.long)
     ids_a, ids_b = (e["router.topk_ids"].detach().cpu()[rows] for e in (env_a, env_b))
     agree = routing_split(ids_a, ids_b)
     out_a, out_b = (e[layer.outputs["hidden"]].detach().cpu()[rows].float() for e in (env_a, env_b))
@@ -132,39 +162,49 @@ def tp_env(layer, envs: list) -> dict:
     return out
 
 
-def drift(layer, weights: dict, i: int, layer_idx: int, tp: int = 1) -> list[dict]:
+def drift(layer, weights: dict, i: int, layer_idx: int, tp: int = 1, prefill: bool = False) -> list[dict]:
     """Per step, chain_drift of the reference chain with P rounded to bf16 (at TP > 1: the TP chain on the
     ranks' shards, harness/chain.run_layer_ranks, with its partials' bf16 roundings and rank-order sums)
-    against the TP1 reference chain, on seed index i's decode run, plus "flips": its routing changes the logit
-    rule above does not explain."""
+    against the TP1 reference chain, on seed index i's decode run (prefill: its chunked-prefill run, over the
+    sampled rows), plus "flips": its routing changes the logit rule above does not explain."""
     run_seed, step_seed = run_seeds(i)
-    run = ref_layer.build_decode_run(TOKENS, CONTEXTS, STEPS, seed=run_seed)
-    real = run["real"]
+    if prefill:
+        run = prefill_run(i)
+        steps = [(b, run["reals"][s], len(PREFILL_PREFIXES), sampled_rows(run, s))
+                 for s, b in enumerate(run["batches"])]
+    else:
+        run = ref_layer.build_decode_run(TOKENS, CONTEXTS, STEPS, seed=run_seed)
+        steps = [(b, run["real"], run["real"], None) for b in run["batches"]]
     tp_layer = chain.load_layer(REGIME, tp) if tp > 1 else None
     shards = [ref_layer.shard_layer_weights(weights, r, tp) for r in range(tp)] if tp > 1 else None
     caches = [{"key": run["key_cache"].clone(), "value": run["value_cache"].clone()} for _ in range(2)]
     tp_caches = [{n: ref_layer.shard_cache(run[f"{n}_cache"], r, tp) for n in ("key", "value")} for r in range(tp)]
     out = []
-    for s, batch in enumerate(run["batches"]):
-        hidden, residual = step_inputs(run, s, layer_idx, step_seed)
+    for s, (batch, real, seqs, rows) in enumerate(steps):
+        if prefill:
+            hidden, residual = run["inputs"][s]
+            residual = None if layer_idx == 0 else residual
+        else:
+            hidden, residual = step_inputs(run, s, layer_idx, step_seed)
         hidden, residual = hidden[:real], None if residual is None else residual[:real]
         parts, hidden1 = tp_inputs(hidden, residual, layer_idx, tp, partial_seed(step_seed, s))
-        rb = ref_layer.real_batch(batch, real)
+        rb = ref_layer.real_batch(batch, real, seqs)
         envs = [chain.run_layer(layer, backend="reference", hidden=hidden1, residual=residual, weights=weights,
-                                batch=rb, cache=caches[0], layer_idx=layer_idx)]
+                                batch=rb, cache=caches[0], layer_idx=layer_idx, rows=rows)]
         if tp == 1:
             envs.append(chain.run_layer(layer, backend="reference", hidden=hidden1, residual=residual,
                                         weights=weights, batch=rb, cache=caches[1], layer_idx=layer_idx,
-                                        references={"attn": attention.paged_attention_p_bf16}))
+                                        references={"attn": attention.paged_attention_p_bf16}, rows=rows))
         else:
             envs.append(tp_env(layer, chain.run_layer_ranks(
                 tp_layer, hidden=parts, residual=None if residual is None else [residual] * tp, weights=shards,
-                batch=rb, caches=tp_caches, layer_idx=layer_idx,
+                batch=rb, caches=tp_caches, layer_idx=layer_idx, rows=rows,
                 references=[{"attn": attention.paged_attention_p_bf16, "moe": ref_layer.moe_rank_reference(r)}
                             for r in range(tp)])))
-        d = chain_drift(layer, envs[1], envs[0])
-        d["flips"] = unexplained_flips(envs[1]["mlp_norm.out"], envs[0]["mlp_norm.out"],
-                                       envs[1]["router.topk_ids"], envs[0]["router.topk_ids"],
+        d = chain_drift(layer, envs[1], envs[0], rows=rows)
+        pick = slice(None) if rows is None else torch.tensor(rows, dtype=torch.long)
+        d["flips"] = unexplained_flips(envs[1]["mlp_norm.out"][pick], envs[0]["mlp_norm.out"][pick],
+                                       envs[1]["router.topk_ids"][pick], envs[0]["router.topk_ids"][pick],
                                        weights["router_weight"], weights["router_bias"])
         out.append(d)
     return out
@@ -179,15 +219,22 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=6)
     parser.add_argument("--tp", type=int, default=1, help="8: the TP8 chain on 8 shards against the TP1 chain")
+    parser.add_argument("--layer-idx", type=int, choices=(0, 1), default=None,
+                        help="one layer kind only (0 window / first layer, 1 full); default both")
+    parser.add_argument("--prefill", action="store_true", help="the chunked-prefill run (PREFILL_*) in place of "
+                        "the decode run")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     layer = chain.load_layer(REGIME, 1)
-    print(f"TP{args.tp} chain with P rounded to bf16 against the TP1 reference chain", flush=True)
+    print(f"TP{args.tp} chain with P rounded to bf16 against the TP1 reference chain, "
+          f"{'chunked-prefill' if args.prefill else 'decode'} run", flush=True)
     weights = ref_layer.build_layer_weights(checks.seed_of("layer-weights"))
     for layer_idx, kind in ((0, "window (first layer)"), (1, "full")):
+        if args.layer_idx not in (None, layer_idx):
+            continue
         samples = {"output": [], "residual": []}
         for i in range(args.seeds):
-            for s, d in enumerate(drift(layer, weights, i, layer_idx, args.tp)):
+            for s, d in enumerate(drift(layer, weights, i, layer_idx, args.tp, args.prefill)):
                 print(f"{kind} seed {i} step {s}: same experts {int(d['agree'].sum())}/{len(d['agree'])} rows, "
                       f"output {d['output']:.3e} residual {d['residual']:.3e}"
                       + (f"  UNEXPLAINED {d['flips']}" if d["flips"] else ""), flush=True)

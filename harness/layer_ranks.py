@@ -37,8 +37,10 @@ def save_shard(shard_dir: str, rank: int, shard: dict) -> None:
 
 
 def run(config: dict, shard_dir: str, timeout: float = 1800.0) -> list:
-    """config: {"layers": [layer_idx, ...], "real": int, "batches": [step metadata], "seed": int}; shard_dir
-    holds every rank's save_shard -> per rank, worker's result."""
+    """config: {"layers": [layer_idx, ...], "real": int, "batches": [step metadata], "seed": int}, or for steps
+    of different sizes (chunked prefill) "reals": real rows per step in place of "real", and "rows": per step
+    the sampled rows the "tokens" steps run (harness/chain.py; the chains' outputs are compared on those);
+    shard_dir holds every rank's save_shard -> per rank, worker's result."""
     from harness.emulator import ranks
 
     return ranks.run(worker, world=WORLD, args=(shard_dir, config), timeout=timeout, seed=config["seed"])
@@ -52,8 +54,10 @@ def worker(rank: int, world: int, shard_dir: str, config: dict) -> dict:
     shard = _to_device(torch.load(os.path.join(shard_dir, f"rank{rank}.pt"), weights_only=False, mmap=True))
     config = _to_device(config)
     layer = chain.load_layer(REGIME, world)
-    real, batches = config["real"], config["batches"]
-    tokens = batches[0]["positions"].shape[0]
+    batches = config["batches"]
+    reals = config.get("reals") or [config["real"]] * len(batches)
+    sampled = config.get("rows") or [None] * len(batches)
+    tokens = max(b["positions"].shape[0] for b in batches)
     comm = communicator.create(max_tokens=tokens, hidden=ref_layer.HIDDEN)
     warm = {}
     for st in (*layer.first_steps, *layer.steps):
@@ -70,6 +74,8 @@ def worker(rank: int, world: int, shard_dir: str, config: dict) -> dict:
         caches = [{"key": shard["key_cache"].clone(), "value": shard["value_cache"].clone()} for _ in range(2)]
         steps_out = []
         for s, batch in enumerate(batches):
+            real, rows_s = reals[s], sampled[s]
+            pick = list(range(real)) if rows_s is None else rows_s
             hidden, residual = shard["inputs"][layer_idx][s]
             envs, seconds = [], {}
             with compile_watch.recording() as events:
@@ -81,7 +87,7 @@ def worker(rank: int, world: int, shard_dir: str, config: dict) -> dict:
                             residual=None if residual is None else chain.padded(residual, real), weights=weights,
                             batch=batch, cache=caches[c], layer_idx=layer_idx, real=real,
                             order_seed=None if c == 0 else config["seed"] + s, prepared=prepared, local=c == 0,
-                            references=local_refs[residual is not None], rank={"tp_rank": rank},
+                            references=local_refs[residual is not None], rank={"tp_rank": rank}, rows=rows_s,
                             around_step=(lambda st, sec=seconds: _timed(sec, st)) if c == 0 else None))
                 # the next layer's all-reduce + add + RMSNorm to MXFP8 on this layer's outputs (both chains)
                 nexts = [chain.run_layer(layer, backend="kernels",
@@ -92,11 +98,11 @@ def worker(rank: int, world: int, shard_dir: str, config: dict) -> dict:
             rows = {k: v.detach().cpu()[:real].clone() for k, v in envs[0].items()
                     if isinstance(v, torch.Tensor) and v.dim() and not k.startswith("local:")}
             local = {k: v.detach().cpu().clone() for k, v in envs[0].items() if k.startswith("local:")}
-            same = all(_bytes(envs[0][k], real) == _bytes(envs[1][k], real) for k in rows)
+            same = all(_bytes(envs[0][k], pick) == _bytes(envs[1][k], pick) for k in rows)
             same &= all(torch.equal(caches[0][n].cpu().view(torch.uint8), caches[1][n].cpu().view(torch.uint8))
                         for n in caches[0])
             nxt = {f"next.{k}": v.detach().cpu()[:real].clone() for k, v in nexts[0].items()}
-            same &= all(_bytes(nexts[0][k], real) == _bytes(nexts[1][k], real) for k in nexts[0])
+            same &= all(_bytes(nexts[0][k], pick) == _bytes(nexts[1][k], pick) for k in nexts[0])
             if rank == 0:  # progress, on the caller's stdout
                 print(f"layer_ranks: rank 0 layer {layer_idx} step {s} done at {time.strftime('%H:%M:%S')}", flush=True)
             live = batch["slot_mapping"][:real].cpu()
@@ -122,8 +128,8 @@ def _to_device(obj):
     return obj
 
 
-def _bytes(t: torch.Tensor, real: int) -> bytes:
-    return t.detach().cpu()[:real].contiguous().view(torch.uint8).numpy().tobytes()
+def _bytes(t: torch.Tensor, rows: list) -> bytes:
+    return t.detach().cpu()[rows].contiguous().view(torch.uint8).numpy().tobytes()
 
 
 @contextlib.contextmanager

@@ -70,7 +70,7 @@ def test_layer_declaration():
     assert layer.first_steps[0].entry == "rmsnorm_mxfp8" and layer.steps[0].entry == "fused_add_rmsnorm_mxfp8"
     assert chain.layer_constants(layer, 0) == {"sliding_window": 128}
     assert chain.layer_constants(layer, 1) == {"sliding_window": 0}
-    assert layer.phases == ("decode",)
+    assert layer.phases == ("decode", "prefill")
 
 
 def test_bad_declaration_is_named():

@@ -44,6 +44,14 @@ contexts[b] + s, which steps s+1.. attend to. The cache holds each sequence's pr
 shuffled blocks (references.attention.build_paged_attention_inputs, every block live) and NaN in every slot
 a step will write (a missed write shows). Padding rows: position 0, slot -1, q_len 0 and seq_len 0, as vLLM
 pads a CUDA-graph batch.
+
+Chunked-prefill batches (`build_prefill_run`): each sequence has a cached prefix (keys already in the cache)
+and a query length per step (1: a decode token; > 1: a prefill chunk, its rows back to back at positions
+prefix + earlier steps' rows ..); step s writes every row's key/value, which its own later rows (causal) and
+the steps after it attend to (a prompt in two chunks: the second chunk reads the first from the cache). A
+step's rows are padded to the next capture size (vLLM's 1, 2, 4, 8k) with one padding sequence (q_len 0,
+seq_len 0) owning no row; padding rows have position 0 and slot -1. Each step has its own layer inputs
+(norm's builder, seeded per step: the hidden states of the step's tokens).
 """
 
 from __future__ import annotations
@@ -130,11 +138,66 @@ def build_decode_run(tokens: int, contexts: list[int], steps: int, seed: int) ->
             "batches": batches, "real": real}
 
 
-def real_batch(batch: dict, real: int) -> dict:
-    """The step metadata of the real sequences only (what the references run on)."""
+def capture_size(rows: int) -> int:
+    """vLLM's CUDA-graph capture size for `rows` tokens: 1, 2, 4, then the next multiple of 8."""
+    return rows if rows <= 2 else 4 if rows <= 4 else -(-rows // 8) * 8
+
+
+def build_prefill_run(prefixes: list[int], q_lens: list[list[int]], seed: int) -> dict:
+    """A chunked-prefill run: sequence b has prefixes[b] cached keys and q_lens[b][s] query rows at step s
+    (module docstring). -> {"key_cache", "value_cache": bf16 [num_blocks, 64, 8, 64] (NaN in every slot a step
+    writes), "batches": per step (positions, slot_mapping int64 [T_s]; cu_seqlens_q int32 [B + 2]; seq_lens
+    int32 [B + 1]; block_table int32 [B + 1, max_blocks]: the last sequence is padding), "reals": real rows per
+    step, "starts": per step the first row of each sequence, "inputs": per step (hidden, residual) bf16 [T_s,
+    2880] (padding rows filled by the caller)}."""
+    B = len(prefixes)
+    steps = len(q_lens[0]) if q_lens else 0
+    if B < 1 or len(q_lens) != B or steps < 1 or any(len(q) != steps or min(q) < 1 for q in q_lens) \
+            or min(prefixes) < 0:
+        raise ValueError(f"prefixes {prefixes} / q_lens {q_lens}: one list of positive lengths per sequence")
+    final = [p + sum(q) for p, q in zip(prefixes, q_lens)] + [1]  # the padding sequence's: dropped below
+    dims = {"query_heads": QUERY_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "sliding_window": 0}
+    built = attention.build_paged_attention_inputs(B + 1, dims, seed, seq_lens=final)
+    kc, vc, table = built["key_cache"], built["value_cache"], built["block_table"]
+    batches, reals, starts, inputs = [], [], [], []
+    done = list(prefixes)
+    for s in range(steps):
+        lens = [q[s] for q in q_lens]
+        real = sum(lens)
+        tokens = capture_size(real)
+        pos = torch.zeros(tokens, dtype=torch.int64)
+        slot = torch.full((tokens,), -1, dtype=torch.int64)
+        cu = torch.zeros(B + 2, dtype=torch.int32)
+        cu[1:B + 1] = torch.tensor(lens, dtype=torch.int32).cumsum(0)
+        cu[B + 1] = real
+        seq = torch.zeros(B + 1, dtype=torch.int32)
+        for b in range(B):
+            p = torch.arange(done[b], done[b] + lens[b])
+            rows = slice(int(cu[b]), int(cu[b + 1]))
+            pos[rows] = p
+            slot[rows] = table[b, p // attention.BLOCK_SIZE].long() * attention.BLOCK_SIZE + p % attention.BLOCK_SIZE
+            done[b] += lens[b]
+            seq[b] = done[b]
+        batches.append({"positions": pos, "slot_mapping": slot, "cu_seqlens_q": cu, "seq_lens": seq,
+                        "block_table": table})
+        reals.append(real)
+        starts.append(cu[:B].tolist())
+        x = norm.build_inputs(tokens, {"hidden": HIDDEN, "eps": EPS}, seed + 1 + s, with_residual=True)
+        inputs.append((x["x"], x["residual"]))
+    for batch, real in zip(batches, reals):  # every slot a step writes starts as NaN
+        for cache in (kc, vc):
+            cache.view(-1, KV_HEADS, HEAD_DIM)[batch["slot_mapping"][:real]] = float("nan")
+    return {"key_cache": kc, "value_cache": vc, "batches": batches, "reals": reals, "starts": starts,
+            "inputs": inputs}
+
+
+def real_batch(batch: dict, real: int, sequences: int | None = None) -> dict:
+    """The step metadata of the real rows and sequences only (what the references run on): `real` rows, the
+    first `sequences` sequences (default `real`: a decode batch, one row each)."""
+    b = real if sequences is None else sequences
     return {"positions": batch["positions"][:real], "slot_mapping": batch["slot_mapping"][:real],
-            "cu_seqlens_q": batch["cu_seqlens_q"][:real + 1], "seq_lens": batch["seq_lens"][:real],
-            "block_table": batch["block_table"][:real]}
+            "cu_seqlens_q": batch["cu_seqlens_q"][:b + 1], "seq_lens": batch["seq_lens"][:b],
+            "block_table": batch["block_table"][:b]}
 
 
 def decoder_layer(hidden: torch.Tensor, residual: torch.Tensor | None, weights: dict, batch: dict,

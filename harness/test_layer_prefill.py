@@ -1,0 +1,319 @@
+"""The gpt-oss-120b decoder layer on a chunked-prefill run, TP1 and TP8, window and full layer, against the TP1
+layer reference.
+
+The run (harness/layer_bound.py PREFILL_*; references/layer.py build_prefill_run), two steps, each padded to its
+capture size: step 0 holds a prompt's first chunk (40 rows, no cached prefix), a 33-row chunk after a 1000-key
+cached prefix and a decode token at the window's edge (127 keys); step 1 the prompt's second chunk (33 rows,
+reading the first chunk's keys from the cache step 0 wrote), the second sequence's first decode token and the
+decode sequence's next. So the attention's prefill tier (Q tiles of 32 rows, partial tiles, keys from the
+cache and from the chunk itself, the 128-key window) and its decode tier run in one batch, and the MoE, the
+norms and the GEMMs run at prefill token counts.
+
+Sampling (harness/chain.py): every step up to the KV write runs whole; the attention and the MoE run the
+workgroups of the sampled rows (layer_bound.sampled_rows: each decode row, each chunk's first and last row);
+everything after the KV write works row by row, so those rows are exact and the checks compare them.
+Per step, as harness/test_layer.py: each op on its own inputs at its tolerance, the per-op chain cosines
+printed, the layer output and residual within the derived bounds, every expert swap explained, two kernel
+chains bitwise equal (caches included), no compile after warm-up; at TP8 the ranks' replicated outputs
+bitwise equal and the second chain sanitized (harness/layer_ranks.py).
+
+  ./env.sh python3 -m pytest -q -s -p no:cacheprovider harness/test_layer_prefill.py
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+
+from amd_kernels import compile_watch
+from harness import chain, checks, layer_bound
+from harness import device as devices
+from harness.test_layer import REGIME, _slots, _step_floats, _timed, _to_dev, _weights_seed
+from references import OPS, cosine, moe
+from references import layer as ref_layer
+
+# Derived as harness/test_layer.py's LAYER_BOUND (max + 3 std of 1 - cosine over seeds x steps), on this run
+# (seed 0) and 2 more seeds, over the sampled rows:
+#   ./env.sh python3 -m harness.layer_bound --prefill --seeds 3 --layer-idx {0,1}
+# Its output (.cache/layer3/layer_bound_prefill_l{0,1}.txt): window (first layer) output mean 5.58e-4 std 7.4e-5
+# max 6.86e-4, residual mean 6.40e-6 std 1.27e-6 max 8.26e-6; full output mean 1.54e-4 std 2.2e-5 max 1.98e-4,
+# residual mean 3.81e-7 std 7.0e-8 max 4.64e-7 (n 6 each; no expert swapped).
+PREFILL_BOUND = {0: {"output": 9.085e-04, "residual": 1.206e-05},  # 1 - cosine
+                 1: {"output": 2.641e-04, "residual": 6.747e-07}}
+# TP8 (the TP8 chain on the references as the second chain, as test_layer_tp8's LAYER_BOUND_TP8):
+#   ./env.sh python3 -m harness.layer_bound --prefill --seeds 3 --tp 8 --layer-idx 0
+# Its output (.cache/layer3/layer_bound_prefill_tp8_l0.txt): window (first layer) output mean 5.37e-4 std 4.8e-5
+# max 6.02e-4, residual mean 6.77e-6 std 1.22e-6 max 8.54e-6 (n 6; two steps swapped an expert, explained).
+# The full layer's is not derived yet (its test is skipped until it is).
+PREFILL_BOUND_TP8 = {0: {"output": 7.478e-04, "residual": 1.221e-05},
+                     1: {"output": None, "residual": None}}
+SEQUENCES = len(layer_bound.PREFILL_PREFIXES)
+# CI time (the emulated MoE dominates): CI runs the full layer at TP1 and the window (first) layer at TP8, so
+# each TP size and each layer kind runs a chunked-prefill step in CI (the decode chains run all four);
+# AMD_KERNELS_FULL=1 runs all four.
+FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
+_CI = {1: 1, 8: 0}  # TP size -> the layer_idx CI runs
+# CI time budget: the TP8 window layer's prefill chain passed (1 passed in 10:45 on the loaded machine; 377 s user
+# + 20 s system CPU over its 9 processes, 2.3 GB peak in the test process), but with the TP1 full layer's 141 s
+# it passes the ~4 CI minutes this chain may add on 2 cores: opt-in (AMD_KERNELS_LAYER_TP8_PREFILL=1, or
+# AMD_KERNELS_FULL=1) until the lead moves it into CI.
+TP8_IN_CI = FULL or os.environ.get("AMD_KERNELS_LAYER_TP8_PREFILL", "") not in ("", "0")
+
+
+def _layer_params(tp: int) -> list:
+    table = PREFILL_BOUND if tp == 1 else PREFILL_BOUND_TP8
+    out = []
+    for li, name in ((0, "window_first_layer"), (1, "full")):
+        if table[li]["output"] is None:
+            skip = [pytest.mark.skip(reason=f"TP{tp}: this layer's prefill bound is not derived yet "
+                                            "(harness.layer_bound --prefill)")]
+        elif tp == 8 and not TP8_IN_CI:
+            skip = [pytest.mark.skip(reason="CI time budget: the TP8 prefill chain is opt-in; "
+                                            "AMD_KERNELS_LAYER_TP8_PREFILL=1 runs it")]
+        elif FULL or _CI[tp] == li:
+            skip = []
+        else:
+            skip = [pytest.mark.skip(reason=f"CI time: TP{tp} runs the {'full' if _CI[tp] else 'window'} layer's "
+                                            "prefill chain in CI; AMD_KERNELS_FULL=1 runs it")]
+        out.append(pytest.param(li, id=name, marks=skip))
+    return out
+
+
+def _run():
+    return layer_bound.prefill_run(0)
+
+
+def test_prefill_run_layout():
+    """The run is what the docstring says: chunked rows at consecutive positions, the second chunk after the
+    first, slots in the sequences' blocks, NaN in every slot a step writes, padding rows slot -1."""
+    run = _run()
+    b0, b1 = run["batches"]
+    assert run["reals"] == [74, 35] and [b["positions"].shape[0] for b in (b0, b1)] == [80, 40]
+    assert b0["cu_seqlens_q"].tolist() == [0, 40, 73, 74, 74] and b0["seq_lens"].tolist() == [40, 1033, 128, 0]
+    assert b1["cu_seqlens_q"].tolist() == [0, 33, 34, 35, 35] and b1["seq_lens"].tolist() == [73, 1034, 129, 0]
+    assert b1["positions"][:35].tolist() == list(range(40, 73)) + [1033, 128]
+    assert (b0["slot_mapping"][74:] == -1).all() and (b1["slot_mapping"][35:] == -1).all()
+    for b, real in zip((b0, b1), run["reals"]):
+        assert torch.isnan(_slots(run["key_cache"], b["slot_mapping"][:real])).all()
+    assert layer_bound.sampled_rows(run, 0) == [0, 39, 40, 72, 73]
+    assert layer_bound.sampled_rows(run, 1) == [0, 32, 33, 34]
+
+
+def _bounds(table, li):
+    b = table[li]
+    if b["output"] is None:
+        pytest.fail("the prefill chain's bounds are not derived yet (harness.layer_bound --prefill)")
+    return b
+
+
+def _whole_steps(steps) -> set:
+    """Names of the steps that run whole (before the first "tokens" package): compared on every real row."""
+    out = set()
+    for st in steps:
+        if chain.discovery.discover()[st.kernel].workgroups == "tokens":
+            break
+        out.add(st.name)
+    return out
+
+
+@pytest.mark.parametrize("layer_idx", _layer_params(1))
+def test_prefill_chain(layer_idx):
+    layer = chain.load_layer(REGIME, 1)
+    dev = devices.current().torch_device
+    bounds = _bounds(PREFILL_BOUND, layer_idx)
+    weights = ref_layer.build_layer_weights(_weights_seed())
+    run = _run()
+    dev_weights = _to_dev(weights)
+    steps = layer.first_steps if layer_idx == 0 else layer.steps
+    warm = {}
+    for st in steps:
+        start = time.perf_counter()
+        chain._entry(st.kernel, st.entry)[1].warm_up()
+        warm.setdefault(f"{st.kernel}:{st.entry}", time.perf_counter() - start)
+    whole = _whole_steps(steps)
+    prepared = chain.Prepared()
+    caches = [_to_dev({"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}) for _ in range(2)]
+    ref_cache = {"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}
+    failures = []
+    for s, batch in enumerate(run["batches"]):
+        real, rows = run["reals"][s], layer_bound.sampled_rows(run, s)
+        pick = torch.tensor(rows, dtype=torch.long)
+        hidden, residual = run["inputs"][s]
+        residual = None if layer_idx == 0 else residual
+        envs, seconds = [], {}
+        with compile_watch.recording() as events:
+            for c in range(2):
+                envs.append(chain.run_layer(
+                    layer, backend="kernels", hidden=chain.padded(hidden, real).to(dev),
+                    residual=None if residual is None else chain.padded(residual, real).to(dev),
+                    weights=dev_weights, batch=_to_dev(batch), cache=caches[c], layer_idx=layer_idx, real=real,
+                    order_seed=None if c == 0 else checks.seed_of("layer-prefill-order", s), prepared=prepared,
+                    local=c == 0, rows=rows, around_step=functools.partial(_timed, seconds) if c == 0 else None))
+        if compile_watch.serving_compiles(events):
+            failures.append(f"step {s}: compiled after warm-up: {compile_watch.serving_compiles(events)}")
+        ref_env = chain.run_layer(layer, backend="reference", hidden=hidden[:real],
+                                  residual=None if residual is None else residual[:real], weights=weights,
+                                  batch=ref_layer.real_batch(batch, real, SEQUENCES), cache=ref_cache,
+                                  layer_idx=layer_idx, rows=rows)
+        print(f"\nlayer {layer_idx} (window {chain.layer_constants(layer, layer_idx)['sliding_window']}) "
+              f"chunked-prefill step {s}: {real} real rows of {batch['positions'].shape[0]}, q_lens "
+              f"{[q[s] for q in layer_bound.PREFILL_Q_LENS]}, seq_lens {batch['seq_lens'][:SEQUENCES].tolist()}; "
+              f"rows {rows} sampled")
+        for st in steps:
+            sel = slice(None, real) if st.name in whole else pick
+            n = real if st.name in whole else len(rows)
+            for o in st.outputs:
+                key = f"{st.name}.{o}"
+                a, b = envs[0][key].detach().cpu()[sel], envs[1][key].detach().cpu()[sel]
+                if not checks.same_rows(a, b, torch.ones(n, dtype=torch.bool)):
+                    failures.append(f"step {s} {key}: two kernel chains differ")
+            got = {k: v[sel] for k, v in _step_floats(st, envs[0], real, "").items()}
+            local = {k: v[sel] for k, v in _step_floats(st, envs[0], None, "local:").items()}
+            want = {k: v[sel] for k, v in _step_floats(st, ref_env, None, "").items()}
+            op = OPS[chain.discovery.discover()[st.kernel].entries[st.entry]]
+            for name in got:
+                lc, cc = cosine(got[name], local[name]), cosine(got[name], want[name])
+                print(f"  {st.name:10s} {name:14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}"
+                      f"  ({'all' if st.name in whole else 'sampled'} rows, {seconds[st.name]:.1f} s)")
+                if not lc >= op.cosine_min:
+                    failures.append(f"step {s} {st.name}.{name}: cosine {lc:.7f} on its own inputs < {op.cosine_min}")
+            for m in op.mutates:
+                name = {"key_cache": "key", "value_cache": "value"}[m]
+                live = batch["slot_mapping"][:real]
+                g = _slots(caches[0][name].cpu(), live)
+                lc = cosine(g, _slots(envs[0][f"local:{st.name}.{m}"], live))
+                cc = cosine(g, _slots(ref_cache[name], live))
+                print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  "
+                      f"chain {cc:.7f}")
+                if not lc >= op.cosine_min:
+                    failures.append(f"step {s} cache.{name}: written slots cosine {lc:.7f} < {op.cosine_min}")
+        for name in ("key", "value"):
+            if not torch.equal(caches[0][name].cpu().view(torch.uint8), caches[1][name].cpu().view(torch.uint8)):
+                failures.append(f"step {s} cache.{name}: two kernel chains differ")
+        failures += _check_drift(layer, {k: v.detach().cpu() for k, v in envs[0].items()
+                                         if isinstance(v, torch.Tensor)}, ref_env, rows, weights, bounds, f"step {s}")
+    print("warm-up s: " + ", ".join(f"{k} {v:.2f}" for k, v in warm.items()))
+    assert failures == []
+
+
+def _check_drift(layer, got: dict, ref_env: dict, rows: list, weights: dict, bounds: dict, where: str) -> list:
+    """The layer output and residual on the sampled rows within the bounds, every expert swap explained."""
+    pick = torch.tensor(rows, dtype=torch.long)
+    drift = layer_bound.chain_drift(layer, got, ref_env, rows=rows)
+    flips = layer_bound.unexplained_flips(got["mlp_norm.out"][pick], ref_env["mlp_norm.out"][pick],
+                                          got["router.topk_ids"][pick], ref_env["router.topk_ids"][pick],
+                                          weights["router_weight"], weights["router_bias"])
+    agree = drift["agree"]
+    print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {len(rows)} sampled rows "
+          f"with the reference chain's experts (>= {1 - bounds['output']:.7f}), residual "
+          f"{1 - drift['residual']:.7f} (>= {1 - bounds['residual']:.7f})")
+    failures = [f"{where}: {f}" for f in flips]
+    if not agree.any():
+        failures.append(f"{where}: no row kept the reference chain's experts")
+    elif not drift["output"] <= bounds["output"]:
+        failures.append(f"{where}: layer output 1 - cosine {drift['output']:.3e} > {bounds['output']:.3e}")
+    if not drift["residual"] <= bounds["residual"]:
+        failures.append(f"{where}: residual 1 - cosine {drift['residual']:.3e} > {bounds['residual']:.3e}")
+    return failures
+
+
+def _rows_of(d: dict, rows: list, real: int) -> dict:
+    """The sampled rows of a rank's row-indexed tensors (caches, which are not, left out)."""
+    pick = torch.tensor(rows, dtype=torch.long)
+    return {k: v[pick] for k, v in d.items() if not k.endswith("_cache") and v.dim() and v.shape[0] == real}
+
+
+@pytest.mark.parametrize("layer_idx", _layer_params(8))
+def test_prefill_chain_tp8(layer_idx):
+    """The TP8 chain on 8 emulated ranks over the chunked-prefill run, one layer: per step the checks of
+    harness/test_layer_tp8.py's decode chain, on the sampled rows after the KV write."""
+    from harness import layer_ranks
+    from harness.test_layer_tp8 import _gather_tp8, _tp8_own_inputs, _u8, TP8_REPLICATED
+
+    layer1, layer8 = chain.load_layer(REGIME, 1), chain.load_layer(REGIME, 8)
+    bounds_of = {layer_idx: _bounds(PREFILL_BOUND_TP8, layer_idx)}
+    weights = ref_layer.build_layer_weights(_weights_seed())
+    run = _run()
+    step_seed = layer_bound.run_seeds(0)[1]
+    layers = [layer_idx]
+    reals = run["reals"]
+    sampled = [layer_bound.sampled_rows(run, s) for s in range(len(reals))]
+    inputs = {}  # layer_idx -> per step: (ranks' in.hidden, TP1 in.hidden, residual), all rows of the step
+    for li in layers:
+        inputs[li] = []
+        for s, (hidden, residual) in enumerate(run["inputs"]):
+            residual = None if li == 0 else residual
+            parts, hidden1 = layer_bound.tp_inputs(hidden, residual, li, 8, layer_bound.partial_seed(step_seed, s))
+            inputs[li].append((parts, hidden1, residual))
+    config = {"layers": layers, "reals": reals, "rows": sampled, "batches": run["batches"],
+              "seed": checks.seed_of("layer-prefill-tp8") % 100_000}
+    refs = {}  # the TP1 reference chain first, so the whole layer's weights are freed before the ranks start
+    for li in layers:
+        ref_cache = {"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}
+        for s, batch in enumerate(run["batches"]):
+            _, hidden1, residual = inputs[li][s]
+            real = reals[s]
+            env = chain.run_layer(layer1, backend="reference", hidden=hidden1[:real],
+                                  residual=None if residual is None else residual[:real], weights=weights,
+                                  batch=ref_layer.real_batch(batch, real, SEQUENCES), cache=ref_cache, layer_idx=li,
+                                  rows=sampled[s])
+            live = batch["slot_mapping"][:real]
+            refs[li, s] = ({k: v for k, v in env.items() if isinstance(v, torch.Tensor)},
+                           {n: _slots(ref_cache[n], live) for n in ("key", "value")})
+    small = {k: weights[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias")}
+    with tempfile.TemporaryDirectory(prefix="amdk-layer-") as tmp:
+        for r in range(8):
+            layer_ranks.save_shard(tmp, r, {
+                "weights": ref_layer.shard_layer_weights(weights, r),
+                "key_cache": ref_layer.shard_cache(run["key_cache"], r),
+                "value_cache": ref_layer.shard_cache(run["value_cache"], r),
+                "inputs": {li: [(p[r], res) for p, _, res in inputs[li]] for li in layers}})
+        del weights
+        ref_layer.build_layer_weights.cache_clear()
+        moe._weights.cache_clear()
+        gc.collect()
+        results = layer_ranks.run(config, tmp)
+    weights = small
+    failures = []
+    for li in layers:
+        for s, batch in enumerate(run["batches"]):
+            real, rows = reals[s], sampled[s]
+            where = f"layer {li} step {s}"
+            raw = [res["layers"][li][s] for res in results]
+            per = [dict(p, rows=_rows_of(p["rows"], rows, real), local=_rows_of(p["local"], rows, real)) for p in raw]
+            parts, _, residual = inputs[li][s]
+            ref_env, ref_written = refs[li, s]
+            ref_rows = _rows_of(ref_env, rows, real)
+            print(f"\nTP8 layer {li} (window {chain.layer_constants(layer1, li)['sliding_window']}) chunked-prefill "
+                  f"step {s}: {real} real rows of {batch['positions'].shape[0]}, rows {rows} sampled, 8 ranks, "
+                  "seconds per step on rank 0 " + ", ".join(f"{k} {v:.1f}" for k, v in per[0]["seconds"].items()))
+            for r, p in enumerate(per):
+                if not p["chains_equal"]:
+                    failures.append(f"{where} rank {r}: two kernel chains differ")
+                if p["compiles"]:
+                    failures.append(f"{where} rank {r}: compiled after warm-up: {p['compiles']}")
+            for k, v in per[0]["rows"].items():
+                if k.split(".")[0] in TP8_REPLICATED:
+                    bad = [r for r, p in enumerate(per) if not torch.equal(_u8(p["rows"][k]), _u8(v))]
+                    if bad:
+                        failures.append(f"{where} {k}: ranks {bad} differ from rank 0")
+            pick = torch.tensor(rows, dtype=torch.long)
+            failures += _tp8_own_inputs(layer8, li, s, per, [x[pick] for x in parts],
+                                        None if residual is None else residual[pick], len(rows), weights)
+            got = _gather_tp8([p["rows"] for p in per])
+            for st in (layer1.first_steps if li == 0 else layer1.steps):
+                g, w = _step_floats(st, got, None, ""), _step_floats(st, ref_rows, None, "")
+                for name in g:
+                    print(f"  {st.name:10s} {name:14s} chain {cosine(g[name], w[name]):.7f} (sampled rows)")
+            for name in ("key", "value"):
+                g = torch.cat([p["written"][name] for p in per], dim=1).float()
+                print(f"  {'rope':10s} {name + ' written':14s} chain {cosine(g, ref_written[name]):.7f}")
+            failures += _check_drift(layer1, got, ref_rows, list(range(len(rows))), weights, bounds_of[li], where)
+    print("warm-up s (rank 0): " + ", ".join(f"{k} {v:.2f}" for k, v in results[0]["warm_up"].items()))
+    assert failures == []
