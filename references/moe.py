@@ -323,6 +323,12 @@ class LazyExperts(torch.Tensor):
                     return t._sliced(dim % t.dim(), start, end)
             if func in (_aten.detach.default, _aten.alias.default):
                 return LazyExperts(*t._recipe)
+            index = args[1] if func is _aten.index.Tensor else None
+            if index and index[0] is None and sum(i is not None for i in index) == 1 and not any(
+                    isinstance(i, LazyExperts) for i in index):  # t[:, rows] (a TP shard): a few experts at a time
+                step = max(1, t.shape[0] // 16)
+                return torch.cat([func(t._sliced(0, e, e + step).materialize(), index)
+                                  for e in range(0, t.shape[0], step)])
 
         def real(a):
             return a.materialize() if isinstance(a, LazyExperts) else a
