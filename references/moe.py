@@ -242,10 +242,13 @@ def _weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> 
 
 
 class _WeightStream:
-    """_weights' draws replayable per expert: the generator's state before each expert of each uint8 tensor
-    (5 KB each; randint draws one 32-bit number per byte, in order, so experts [a, b) drawn from the state
-    before a are the same bytes as that slice of the whole tensor), and the small bf16 biases whole. Made in
-    one pass over the draws (~4 s at gpt-oss TP1), holding one expert at a time."""
+    """_weights' draws replayable per expert: the generator's state before every ROW_BLOCK rows of each expert
+    of each uint8 tensor (5 KB each; randint draws one 32-bit number per byte, in order, so bytes drawn from a
+    recorded state are the same bytes as that part of the whole tensor), and the small bf16 biases whole. Made
+    in one pass over the draws (~4 s at gpt-oss TP1), holding a row block at a time. Row blocks let a TP
+    shard's w13 rows be drawn without the other ranks' rows (TP8 shards start at multiples of 768 rows)."""
+
+    ROW_BLOCK = 256
 
     def __init__(self, hidden, inter, experts, biases, seed):
         gen = torch.Generator().manual_seed(seed)
@@ -255,23 +258,41 @@ class _WeightStream:
             if kind == "normal":
                 self.whole[name] = _draw_normal(shape, args[0], gen)
                 continue
-            buf = torch.empty(shape[1:], dtype=torch.uint8)
-            self.states[name] = []
-            for _ in range(shape[0]):
-                self.states[name].append(gen.get_state())
-                torch.randint(args[0], args[1], shape[1:], dtype=torch.uint8, generator=gen, out=buf)
+            rows = shape[1]
+            buf = torch.empty((self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8)
+            self.states[name] = [[] for _ in range(shape[0])]
+            for e in range(shape[0]):
+                for r in range(0, rows, self.ROW_BLOCK):
+                    self.states[name][e].append(gen.get_state())
+                    n = min(self.ROW_BLOCK, rows - r)
+                    torch.randint(args[0], args[1], (n, *shape[2:]), dtype=torch.uint8, generator=gen, out=buf[:n])
 
-    def draw(self, name: str, lo: int, hi: int) -> torch.Tensor:
-        """Experts [lo, hi) of tensor `name`, bit for bit _weights(...)[name][lo:hi]."""
+    def draw(self, name: str, lo: int, hi: int, r0: int = 0, r1: int | None = None) -> torch.Tensor:
+        """Rows [r0, r1) of experts [lo, hi) of tensor `name`, bit for bit _weights(...)[name][lo:hi, r0:r1]."""
         _, _, shape, low, high = self.plan[name]
-        if lo >= hi:
-            return torch.empty((0, *shape[1:]), dtype=torch.uint8)
+        r1 = shape[1] if r1 is None else r1
         gen = torch.Generator()
-        gen.set_state(self.states[name][lo])
-        return torch.randint(low, high, (hi - lo, *shape[1:]), dtype=torch.uint8, generator=gen)
+        if lo >= hi or r0 >= r1:
+            return torch.empty((max(0, hi - lo), max(0, r1 - r0), *shape[2:]), dtype=torch.uint8)
+        if r0 == 0 and r1 == shape[1]:  # whole experts: one run of draws
+            gen.set_state(self.states[name][lo][0])
+            return torch.randint(low, high, (hi - lo, *shape[1:]), dtype=torch.uint8, generator=gen)
+        block = r0 // self.ROW_BLOCK
+        out = torch.empty((hi - lo, r1 - r0, *shape[2:]), dtype=torch.uint8)
+        for e in range(lo, hi):  # each expert from the state before its first wanted row block
+            gen.set_state(self.states[name][e][block])
+            rows = torch.randint(low, high, (r1 - block * self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8, generator=gen)
+            out[e - lo] = rows[r0 - block * self.ROW_BLOCK:]
+        return out
 
 
 _aten = torch.ops.aten
+
+
+def _is_range(i) -> bool:
+    """A 1-D integer index tensor holding a, a + 1, ..., b - 1 (a TP shard's rows)."""
+    return (isinstance(i, torch.Tensor) and not isinstance(i, LazyExperts) and i.dim() == 1 and i.numel() > 0
+            and i.dtype in (torch.int64, torch.int32) and int(i[0]) >= 0 and bool((i.diff() == 1).all()))
 
 
 class LazyExperts(torch.Tensor):
@@ -293,9 +314,11 @@ class LazyExperts(torch.Tensor):
 
     def materialize(self) -> torch.Tensor:
         stream, name, lo, hi, post = self._recipe
-        out = stream.draw(name, lo, hi)
+        rows = [(start, end) for dim, start, end in post if dim == 1]
+        out = stream.draw(name, lo, hi, *(rows[0] if rows else ()))  # only the rows kept
         for dim, start, end in post:
-            out = out.narrow(dim, start, end - start)
+            if dim != 1:
+                out = out.narrow(dim, start, end - start)
         return out.contiguous()
 
     def __repr__(self):
@@ -307,7 +330,9 @@ class LazyExperts(torch.Tensor):
         end = max(start, end)
         if dim == 0:
             return LazyExperts(stream, name, lo + start, lo + end, post)
-        return LazyExperts(stream, name, lo, hi, (*post, (dim, start, end)))
+        kept = [p for p in post if p[0] == dim]  # one range per dim: a slice of a slice is a narrower one
+        base = kept[0][1] if kept else 0
+        return LazyExperts(stream, name, lo, hi, (*(p for p in post if p[0] != dim), (dim, base + start, base + end)))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -324,6 +349,8 @@ class LazyExperts(torch.Tensor):
             if func in (_aten.detach.default, _aten.alias.default):
                 return LazyExperts(*t._recipe)
             index = args[1] if func is _aten.index.Tensor else None
+            if index and len(index) == 2 and index[0] is None and _is_range(index[1]):  # t[:, a:b] as an index
+                return t._sliced(1, int(index[1][0]), int(index[1][-1]) + 1)
             if index and index[0] is None and sum(i is not None for i in index) == 1 and not any(
                     isinstance(i, LazyExperts) for i in index):  # t[:, rows] (a TP shard): a few experts at a time
                 step = max(1, t.shape[0] // 16)
