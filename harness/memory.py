@@ -1,8 +1,8 @@
 """The test process's memory: its peak resident set per test, and releasing the references' cached inputs.
 
-The whole suite runs in two xdist workers on a 24 GiB machine; a worker that holds one MoE shape's
-checkpoint (1.6 GB at TP1) and prepared weights (1.7 GB) while the next shape builds its own would not fit
-beside the other. conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this
+The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's checkpoint is regenerated
+expert by expert where it is used (references.moe.LazyExperts), so a TP1 MoE case holds only its prepared
+weights (1.7 GB, kept for the shape's next case: preparing costs ~20 s) and peaks at ~3.3 GiB. conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this
 process only: xdist workers and a plain run alike) passes the limit, and releases the caches between tests
 that do not share their inputs.
 """
@@ -15,7 +15,7 @@ import os
 import pkgutil
 
 LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
-DEFAULT_LIMIT_MIB = 10240  # the goal is 4096: the TP1 MoE worker holds more than 6 GiB between its cases (README)
+DEFAULT_LIMIT_MIB = 7168  # the goal is 4096: the TP1 layer chain still holds its eager checkpoint (README)
 
 
 def limit_mib() -> int:

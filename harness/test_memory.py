@@ -73,3 +73,47 @@ def test_a_bad_limit_is_named(monkeypatch):
         memory.limit_mib()
     monkeypatch.setenv(memory.LIMIT_ENV, "0")
     assert memory.limit_mib() == 0
+
+
+def test_lazy_moe_checkpoint_is_the_eager_one_bit_for_bit():
+    """The MoE builder's checkpoint (references.moe.LazyExperts, regenerated expert by expert where used) holds
+    the same bytes as the eager builder's, through each access prepare_weights and the reference make (an
+    expert, a range of experts, after slicing another dim, fancy indexing, a whole-tensor op), and the prepared
+    weights and the reference output made from it are the same bytes."""
+    import torch
+
+    import references.moe as M
+    from amd_kernels.moe import prepare as P
+
+    key = (256, 1152, 8, True, 77)  # small dims, the same code path as gpt-oss's (w13 rows span row blocks)
+    eager, lazy = M._weights.__wrapped__(*key), M._lazy_weights.__wrapped__(*key)
+    assert eager.keys() == lazy.keys()
+    for name, want in eager.items():
+        got = lazy[name]
+        assert (got.shape, got.dtype) == (want.shape, want.dtype), name
+        if not isinstance(got, M.LazyExperts):
+            assert torch.equal(got, want), name
+            continue
+        assert torch.equal(got.materialize(), want), name
+        assert torch.equal(got[5], want[5]) and torch.equal(got[-1], want[-1]), name
+        assert torch.equal(got[2:6], want[2:6]) and torch.equal(got[6:], want[6:]), name
+        assert torch.equal(got[:, :, 2:4][1:3], want[:, :, 2:4][1:3]), name
+        for r0, r1 in ((0, 3), (1, 7), (300, 800), (5, want.shape[1])):  # row ranges (TP shards): slice, index
+            assert torch.equal(got[:, r0:r1], want[:, r0:r1]), name
+            assert torch.equal(got[2:5][:, r0:r1][:, 1:], want[2:5][:, r0:r1][:, 1:]), name
+            assert torch.equal(got[:, torch.arange(r0, r1)], want[:, r0:r1]), name
+        rows = torch.tensor([7, 1, 4])
+        assert torch.equal(got[:, rows], want[:, rows]) and torch.equal(got[3:5][:, rows], want[3:5][:, rows]), name
+        assert torch.equal(got.clone(), want) and torch.equal(got ^ 0x88, want ^ 0x88), name
+    names = ("w13_blocks", "w13_scales", "w13_bias", "w2_blocks", "w2_scales", "w2_bias")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 256, generator=gen).to(torch.bfloat16)
+    weights, ids = M.build_routing(5, 8, 4, gen)
+    for tp, rank in ((1, 0), (2, 1), (8, 3)):
+        args = dict(activation="gptoss", hidden=256, intermediate=1152, experts=8, tp_size=tp, tp_rank=rank)
+        a = P.prepare_weights(*(eager[n] for n in names), **args)
+        b = P.prepare_weights(*(lazy[n] for n in names), **args)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        (ra,) = M.moe_mxfp4_gptoss(x, weights, ids, *(eager[n] for n in names), tp_size=tp, tp_rank=rank)
+        (rb,) = M.moe_mxfp4_gptoss(x, weights, ids, *(lazy[n] for n in names), tp_size=tp, tp_rank=rank)
+        assert torch.equal(ra.view(torch.int16), rb.view(torch.int16))

@@ -226,30 +226,179 @@ def _scale_byte(k: int, in_rms: float, out_rms: float) -> int:
     return 127 + round(math.log2(out_rms / (2.93 * math.sqrt(k) * in_rms)))
 
 
+def _weight_plan(hidden: int, inter: int, experts: int, biases: bool) -> list[tuple]:
+    """The checkpoint's random draws in their order: (name, "codes", [E, n, k] uint8, low, high) drawn with
+    randint, or (name, "normal", [E, n] bf16, std) drawn with randn. One list for the eager and the lazy build."""
+    two_i = 2 * inter
+
+    def codes(name, n, k):
+        return (name, "codes", (experts, n, k // 2), 0, 256)
+
+    def scales(name, n, k, byte):  # byte - 1 .. byte + 1, drawn as uint8 (an int64 draw is 8x the bytes)
+        return (name, "codes", (experts, n, k // MX_BLOCK), byte - 1, byte + 2)
+
+    plan = [codes("w13_blocks", two_i, hidden), scales("w13_scales", two_i, hidden, _scale_byte(hidden, 1.0, 2.5))]
+    if biases:
+        plan.append(("w13_bias", "normal", (experts, two_i), 0.3))
+    plan += [codes("w2_blocks", hidden, inter), scales("w2_scales", hidden, inter, _scale_byte(inter, 3.0, 1.0))]
+    if biases:
+        plan.append(("w2_bias", "normal", (experts, hidden), 0.1))
+    return plan
+
+
+def _draw_normal(shape, std, gen) -> torch.Tensor:
+    return (std * torch.randn(*shape, generator=gen)).to(torch.bfloat16)
+
+
 @functools.lru_cache(maxsize=1)
 def _weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> dict:
     """Expert weights in checkpoint layout, seeded by the shape only: every token count of one shape
     sees the same model (and the builder is fast after the first call)."""
     gen = torch.Generator().manual_seed(seed)
-    two_i = 2 * inter
-
-    def blocks(n, k):
-        return torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
-
-    def scales(n, k, byte):  # byte - 1 .. byte + 1, drawn as uint8 (an int64 draw is 8x the bytes)
-        return torch.randint(byte - 1, byte + 2, (experts, n, k // MX_BLOCK), dtype=torch.uint8, generator=gen)
-
-    w = {
-        "w13_blocks": blocks(two_i, hidden),
-        "w13_scales": scales(two_i, hidden, _scale_byte(hidden, 1.0, 2.5)),
-    }
-    if biases:
-        w["w13_bias"] = (0.3 * torch.randn(experts, two_i, generator=gen)).to(torch.bfloat16)
-    w["w2_blocks"] = blocks(hidden, inter)
-    w["w2_scales"] = scales(hidden, inter, _scale_byte(inter, 3.0, 1.0))
-    if biases:
-        w["w2_bias"] = (0.1 * torch.randn(experts, hidden, generator=gen)).to(torch.bfloat16)
+    w = {}
+    for name, kind, shape, *args in _weight_plan(hidden, inter, experts, biases):
+        if kind == "codes":
+            w[name] = torch.randint(args[0], args[1], shape, dtype=torch.uint8, generator=gen)
+        else:
+            w[name] = _draw_normal(shape, args[0], gen)
     return w
+
+
+class _WeightStream:
+    """_weights' draws replayable per expert: the generator's state before every ROW_BLOCK rows of each expert
+    of each uint8 tensor (5 KB each; randint draws one 32-bit number per byte, in order, so bytes drawn from a
+    recorded state are the same bytes as that part of the whole tensor), and the small bf16 biases whole. Made
+    in one pass over the draws (~4 s at gpt-oss TP1), holding a row block at a time. Row blocks let a TP
+    shard's w13 rows be drawn without the other ranks' rows (TP8 shards start at multiples of 768 rows)."""
+
+    ROW_BLOCK = 256
+
+    def __init__(self, hidden, inter, experts, biases, seed):
+        gen = torch.Generator().manual_seed(seed)
+        self.plan = {p[0]: p for p in _weight_plan(hidden, inter, experts, biases)}
+        self.states, self.whole = {}, {}
+        for name, kind, shape, *args in self.plan.values():
+            if kind == "normal":
+                self.whole[name] = _draw_normal(shape, args[0], gen)
+                continue
+            rows = shape[1]
+            buf = torch.empty((self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8)
+            self.states[name] = [[] for _ in range(shape[0])]
+            for e in range(shape[0]):
+                for r in range(0, rows, self.ROW_BLOCK):
+                    self.states[name][e].append(gen.get_state())
+                    n = min(self.ROW_BLOCK, rows - r)
+                    torch.randint(args[0], args[1], (n, *shape[2:]), dtype=torch.uint8, generator=gen, out=buf[:n])
+
+    def draw(self, name: str, lo: int, hi: int, r0: int = 0, r1: int | None = None) -> torch.Tensor:
+        """Rows [r0, r1) of experts [lo, hi) of tensor `name`, bit for bit _weights(...)[name][lo:hi, r0:r1]."""
+        _, _, shape, low, high = self.plan[name]
+        r1 = shape[1] if r1 is None else r1
+        gen = torch.Generator()
+        if lo >= hi or r0 >= r1:
+            return torch.empty((max(0, hi - lo), max(0, r1 - r0), *shape[2:]), dtype=torch.uint8)
+        if r0 == 0 and r1 == shape[1]:  # whole experts: one run of draws
+            gen.set_state(self.states[name][lo][0])
+            return torch.randint(low, high, (hi - lo, *shape[1:]), dtype=torch.uint8, generator=gen)
+        block = r0 // self.ROW_BLOCK
+        out = torch.empty((hi - lo, r1 - r0, *shape[2:]), dtype=torch.uint8)
+        for e in range(lo, hi):  # each expert from the state before its first wanted row block
+            gen.set_state(self.states[name][e][block])
+            rows = torch.randint(low, high, (r1 - block * self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8, generator=gen)
+            out[e - lo] = rows[r0 - block * self.ROW_BLOCK:]
+        return out
+
+
+_aten = torch.ops.aten
+
+
+def _is_range(i) -> bool:
+    """A 1-D integer index tensor holding a, a + 1, ..., b - 1 (a TP shard's rows)."""
+    return (isinstance(i, torch.Tensor) and not isinstance(i, LazyExperts) and i.dim() == 1 and i.numel() > 0
+            and i.dtype in (torch.int64, torch.int32) and int(i[0]) >= 0 and bool((i.diff() == 1).all()))
+
+
+class LazyExperts(torch.Tensor):
+    """A uint8 checkpoint tensor [E, ...] kept as the recipe of its draws (_WeightStream): indexing one expert
+    or slicing experts (t[e], t[a:b], also after slices of the other dims) regenerates only those; any other
+    op materializes it whole first. So a MoE case never holds the ~1.6 GB checkpoint next to the prepared
+    weights: preparing works through a few experts at a time, the reference through its routed experts."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, stream: _WeightStream, name: str, lo: int, hi: int, post: tuple = ()):
+        shape = [hi - lo, *stream.plan[name][2][1:]]
+        for dim, start, end in post:
+            shape[dim] = end - start
+        t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.uint8, device=torch.device("cpu"))
+        t._recipe = (stream, name, lo, hi, post)
+        return t
+
+    def materialize(self) -> torch.Tensor:
+        stream, name, lo, hi, post = self._recipe
+        rows = [(start, end) for dim, start, end in post if dim == 1]
+        out = stream.draw(name, lo, hi, *(rows[0] if rows else ()))  # only the rows kept
+        for dim, start, end in post:
+            if dim != 1:
+                out = out.narrow(dim, start, end - start)
+        return out.contiguous()
+
+    def __repr__(self):
+        return f"LazyExperts({self._recipe[1]}[{self._recipe[2]}:{self._recipe[3]}], shape={list(self.shape)})"
+
+    def _sliced(self, dim: int, start, end):
+        stream, name, lo, hi, post = self._recipe
+        start, end, _ = slice(start, end).indices(self.shape[dim])
+        end = max(start, end)
+        if dim == 0:
+            return LazyExperts(stream, name, lo + start, lo + end, post)
+        kept = [p for p in post if p[0] == dim]  # one range per dim: a slice of a slice is a narrower one
+        base = kept[0][1] if kept else 0
+        return LazyExperts(stream, name, lo, hi, (*(p for p in post if p[0] != dim), (dim, base + start, base + end)))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        t = args[0] if args else None
+        if isinstance(t, LazyExperts) and not kwargs:
+            if func is _aten.select.int and args[1] == 0:
+                e = args[2] % t.shape[0]
+                return t._sliced(0, e, e + 1).materialize()[0]
+            if func is _aten.slice.Tensor:
+                dim, start, end, step = (list(args[1:]) + [0, None, None, 1][len(args) - 1:])[:4]
+                if step == 1:
+                    return t._sliced(dim % t.dim(), start, end)
+            if func in (_aten.detach.default, _aten.alias.default):
+                return LazyExperts(*t._recipe)
+            index = args[1] if func is _aten.index.Tensor else None
+            if index and len(index) == 2 and index[0] is None and _is_range(index[1]):  # t[:, a:b] as an index
+                return t._sliced(1, int(index[1][0]), int(index[1][-1]) + 1)
+            if index and index[0] is None and sum(i is not None for i in index) == 1 and not any(
+                    isinstance(i, LazyExperts) for i in index):  # t[:, rows] (a TP shard): a few experts at a time
+                step = max(1, t.shape[0] // 16)
+                return torch.cat([func(t._sliced(0, e, e + step).materialize(), index)
+                                  for e in range(0, t.shape[0], step)])
+
+        def real(a):
+            return a.materialize() if isinstance(a, LazyExperts) else a
+
+        return func(*torch.utils._pytree.tree_map(real, args), **torch.utils._pytree.tree_map(real, kwargs))
+
+
+@functools.lru_cache(maxsize=1)
+def _lazy_weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> dict:
+    """_weights as LazyExperts (the biases whole): the same bytes, regenerated where used."""
+    stream = _WeightStream(hidden, inter, experts, biases, seed)
+    w = {}
+    for name, kind, shape, *_ in stream.plan.values():
+        w[name] = stream.whole[name] if kind == "normal" else LazyExperts(stream, name, 0, shape[0])
+    return w
+
+
+def _faking() -> bool:
+    """Inside a FakeTensorMode (the harness builds hollow inputs so): build plain (fake) tensors."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
 
 
 def build_routing(tokens: int, experts: int, top_k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -267,7 +416,8 @@ def build_moe_inputs(tokens: int, dims: dict, seed: int, *, activation: str) -> 
     x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16)
     weights, ids = build_routing(tokens, experts, top_k, gen)
     inputs = {"x": x, "topk_weights": weights, "topk_ids": ids}
-    inputs.update(_weights(hidden, inter, experts, activation == "gptoss", 1000 + hidden + inter + experts))
+    build = _weights if _faking() else _lazy_weights  # lazy: regenerated expert by expert where used
+    inputs.update(build(hidden, inter, experts, activation == "gptoss", 1000 + hidden + inter + experts))
     if activation == "gptoss":
         inputs["tp_size"] = int(dims.get("tp_size", 1))
         inputs["tp_rank"] = int(dims.get("tp_rank", 0))
