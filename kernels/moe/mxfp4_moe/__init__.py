@@ -38,7 +38,7 @@ import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import combine, down, gate_up, quant_sort, sampling
+from amd_kernels.moe.mxfp4_moe import combine, down, gate_up, prefill, quant_sort, sampling
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
@@ -51,6 +51,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     if small_m_waves:
         gate_ups[True] = gate_up.make(geo, small_m_waves, f"{name}_gate_up_small_m")
     k_stage2, k_combine = down.make(geo), combine.make(geo)
+    gate_ups["prefill"] = prefill.make_gate_up(geo, f"{name}_gate_up_prefill")
+    k_down_prefill = prefill.make_down(geo)
 
     def launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
                    xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
@@ -58,9 +60,15 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
             grid=(m + 1, 1, 1), block=(64, 1, 1), stream=stream)
         s1, waves = gate_ups[small_m]
         s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
-            grid=(tiles, geo.nb1, 1), block=(waves * 64, 1, 1), stream=stream)
-        k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard, topk_weights, y,
-                 m).launch(grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
+            grid=(tiles, geo.nb1 // (prefill.gu_blocks(geo) if small_m == "prefill" else 1), 1),
+            block=(waves * 64, 1, 1), stream=stream)
+        if small_m == "prefill":
+            k_down_prefill(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard,
+                           topk_weights, y, m).launch(grid=(tiles, geo.nb2 // prefill.down_blocks(geo), 1),
+                                                      block=(prefill.SUB * 64, 1, 1), stream=stream)
+        else:
+            k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard, topk_weights,
+                     y, m).launch(grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
         k_combine(y, topk_ids, out, m).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
 
     def make_launcher(small_m):
@@ -74,12 +82,15 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                        xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream)
         return moe
 
-    launchers = {"moe.full": make_launcher(False)}
+    launchers = {"moe.full": make_launcher(False), "moe.prefill": make_launcher("prefill")}
     if small_m_waves:
         launchers["moe.small_m"] = make_launcher(True)
 
     def variant_for(m: int) -> str:
-        """The many-wave gate-up while the plain one would launch fewer than 256 workgroups."""
+        """The prefill tier from PREFILL_TOKENS tokens; below, the many-wave gate-up while the plain one would
+        launch fewer than 256 workgroups."""
+        if m >= prefill.PREFILL_TOKENS:
+            return "moe.prefill"
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * geo.nb1 < 256 else "moe.full"
 
     def workspace(m: int, device="cpu"):

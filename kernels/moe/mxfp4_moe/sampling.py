@@ -4,17 +4,20 @@ sampled token rows need. Host-only; the emulator calls it, the kernels never do.
 import torch
 
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS
+from amd_kernels.moe.mxfp4_moe.prefill import SUB
 
 
 def make(geo):
     name, top_k = geo.name, geo.top_k
     # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
-    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4)}
+    tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4),
+                     f"{name}_gate_up_prefill": (2, 4), f"{name}_down_prefill": (2, 4)}
+    super_launches = {f"{name}_gate_up_prefill", f"{name}_down_prefill"}  # tile_expert is argument 3
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """The workgroups `tokens`' output rows need (None: all of them). quant and sort run whole; gate-up
         and down run the tiles holding a pair of one of the tokens (read from the sort's result); combine
-        runs the tokens' rows."""
+        runs the tokens' rows; the prefill tier's tile launches run the super-tiles holding them."""
         if kernel == f"{name}_combine":
             return {(t, 0, 0) for t in tokens}
         if kernel not in tile_launches:
@@ -24,6 +27,10 @@ def make(geo):
         pairs = torch.frombuffer(bytearray(read(sp, n_tiles * ROWS * 4)), dtype=torch.int32).reshape(-1, ROWS)
         wanted = torch.tensor(sorted(tokens), dtype=torch.int32)
         hit = ((pairs >= 0) & torch.isin(pairs // top_k, wanted)).any(dim=1)
-        return {(int(t), y, z) for t in hit.nonzero().flatten() for y in range(grid[1]) for z in range(grid[2])}
+        tiles = [int(t) for t in hit.nonzero().flatten()]
+        if kernel in super_launches:  # the workgroup leading the tile's super-tile (prefill.super_tile)
+            te = torch.frombuffer(bytearray(read(pointers[3], n_tiles * 4)), dtype=torch.int32).tolist()
+            tiles = [t - (t - te.index(te[t])) % SUB for t in tiles]
+        return {(t, y, z) for t in tiles for y in range(grid[1]) for z in range(grid[2])}
 
     return emulator_workgroups
