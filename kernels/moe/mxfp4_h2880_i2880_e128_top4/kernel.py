@@ -1,8 +1,9 @@
 """MoE block of gpt-oss-120b at TP1: hidden 2880, intermediate 2880 (prepared padded to 2944), 128 experts,
 top-4, the gpt-oss activation (interleaved gate/up, clamp, biases). Design: amd_kernels/moe/mxfp4_moe/.
 
-One variant: gate-up already launches 92 workgroups of 3 waves per tile (368 at M = 1), so no small-M
-variant."""
+Variants: "moe.full" (gate-up already launches 92 workgroups of 3 waves per tile, 368 at M = 1, so no small-M
+variant) and "moe.prefill" from 256 tokens (super-tiles of 64 rows, weights staged through LDS, the same
+per-row K grouping: mxfp4_moe/prefill.py)."""
 
 from amd_kernels.moe import mxfp4_moe, prepare
 

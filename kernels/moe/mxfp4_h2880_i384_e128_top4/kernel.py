@@ -4,7 +4,8 @@ activation. Design: amd_kernels/moe/mxfp4_moe/; sharding: amd_kernels/moe/prepar
 
 Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
 gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1). Both tiers sum K in
-the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe/geometry.py)."""
+the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe/geometry.py); "moe.prefill" from 256 tokens (super-tiles of 64 rows, weights staged
+through LDS, the same per-row K grouping: mxfp4_moe/prefill.py)."""
 
 from amd_kernels.moe import mxfp4_moe, prepare
 

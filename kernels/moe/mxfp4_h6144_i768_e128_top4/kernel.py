@@ -3,7 +3,8 @@
 
 Variants: "moe.full" (gate-up: 4 waves of 12 K-steps per workgroup), and "moe.small_m" for M <= 2, where
 gate-up would launch < 256 workgroups: 6 waves of 8 K-steps each (576 waves at M = 1). Both tiers sum K in
-the same grouping (chunks of 4 K-steps, groups of 3 chunks: batch invariance, mxfp4_moe/geometry.py)."""
+the same grouping (chunks of 4 K-steps, groups of 3 chunks: batch invariance, mxfp4_moe/geometry.py); "moe.prefill" from 256 tokens (super-tiles of 64 rows, weights staged
+through LDS, the same per-row K grouping: mxfp4_moe/prefill.py)."""
 
 from amd_kernels.moe import mxfp4_moe
 

@@ -19,6 +19,9 @@ position.
 3. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
                pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot (one writer per element).
 4. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
+Prefill tier ("moe.prefill", M >= prefill.PREFILL_TOKENS): launches 2 and 3 are prefill.py's instead, over
+super-tiles of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows are staged once
+per workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs, same grouping).
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
