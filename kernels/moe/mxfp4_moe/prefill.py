@@ -322,6 +322,9 @@ def _down_epilogue(geo, accs, t, sub, nbp, lane, w2_bias, topk_weights, y, m):
     y_rsrc = buffer.tensor_resource(y, fx.Int64(m) * (top_k * hidden * 2))
     bias_rsrc = buffer.tensor_resource(w2_bias, experts * hidden * 4)
     bias_on = dword(t.sh_rsrc, 8) != 0  # zero bias (TP ranks > 0): not read
+    # the 4 rows' pairs and routing weights, loaded once for the nq column blocks
+    pairs = [dword(t.sp_rsrc, (sub * ROWS + q * 4 + reg) * 4) for reg in range_constexpr(4)]
+    ws = [dword(tw_rsrc, (p >= 0).select(p * 4, buffer.never_in_range())).bitcast(fx.Float32) for p in pairs]
     for cb in range_constexpr(nq):
         nblk = nbp * nq + cb
         bias = None
@@ -330,10 +333,8 @@ def _down_epilogue(geo, accs, t, sub, nbp, lane, w2_bias, topk_weights, y, m):
                                                     buffer.never_in_range())).bitcast(fx.Float32)
                     for g in range_constexpr(4)]
         for reg in range_constexpr(4):
-            pair = dword(t.sp_rsrc, (sub * ROWS + q * 4 + reg) * 4)
-            real = pair >= 0
-            w = dword(tw_rsrc, real.select(pair * 4, buffer.never_in_range())).bitcast(fx.Float32)
-            base = real.select(pair * (hidden * 2) + nblk * 128 + r * 2, buffer.never_in_range())
+            pair, w = pairs[reg], ws[reg]
+            base = (pair >= 0).select(pair * (hidden * 2) + nblk * 128 + r * 2, buffer.never_in_range())
             for g in range_constexpr(4):
                 v = accs[4 * cb + g][reg] + bias[g] if biases else accs[4 * cb + g][reg]
                 buffer.store(bf16_bits(v * w), y_rsrc, base + g * 32)
