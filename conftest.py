@@ -18,6 +18,9 @@ def pytest_configure(config):
 
     dev = device.setup()
     config._amd_kernels_device = dev
+    from harness import memory
+
+    memory.return_freed_memory()
 
 
 def pytest_report_header(config):
@@ -36,3 +39,47 @@ def _fresh_serving_session():
 
     compile_watch.disarm()
     yield
+
+
+# ---- memory: a per-test peak RSS limit, and cached inputs released between tests (harness/memory.py) ------
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    from harness import memory
+
+    # Without a reset (not allowed here) VmHWM is the process's peak: only the test that crosses fails.
+    item._amd_kernels_peak_start = 0 if memory.reset_peak() else memory.status_kib("VmHWM")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    item._amd_kernels_ran = True  # the test body ran (conftest's memory check applies to it)
+    return (yield)
+
+
+def _shares_inputs(item, nextitem) -> bool:
+    """Does the next test take the same op shape (test_kernels' `shape` parameter), hence the same cached
+    weights? Then they stay for it."""
+    shape = getattr(getattr(item, "callspec", None), "params", {}).get("shape")
+    other = getattr(getattr(nextitem, "callspec", None), "params", {}).get("shape")
+    return shape is not None and shape is other
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    from harness import memory
+
+    result = yield  # the test's fixtures are torn down first: what they hold counts in its peak
+    peak = memory.status_kib("VmHWM")
+    if nextitem is None or not _shares_inputs(item, nextitem):
+        memory.release_caches()
+    else:
+        memory.trim()
+    limit = memory.limit_mib()
+    # Only a test that ran: a skipped one allocated nothing, and its "peak" is what earlier tests left resident
+    # (the shape's cached weights, kept for the next test of the shape), which their own checks counted.
+    start = getattr(item, "_amd_kernels_peak_start", None)
+    ran = getattr(item, "_amd_kernels_ran", False)
+    if limit and ran and start is not None and peak > limit * 1024 >= start:
+        pytest.fail(f"{item.nodeid}: this test process (pid {os.getpid()}) reached a peak RSS of {peak // 1024} "
+                    f"MiB, above the limit of {limit} MiB ({memory.LIMIT_ENV}=0 turns the check off)", pytrace=False)
+    return result

@@ -11,11 +11,11 @@ _amdk_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _amdk_setup() {
   local py=python3 missing=()
   $py -c "import torch" 2>/dev/null || $py -m pip install -q torch==2.13.0 || return 1
-  for mod in pytest xdist hypothesis numpy msgpack tqdm; do
+  for mod in pytest xdist hypothesis numpy msgpack tqdm matplotlib; do
     $py -c "import $mod" 2>/dev/null || missing+=("$mod")
   done
   if [ ${#missing[@]} -gt 0 ]; then
-    $py -m pip install -q pytest pytest-xdist hypothesis numpy msgpack tqdm || return 1
+    $py -m pip install -q pytest pytest-xdist hypothesis numpy msgpack tqdm matplotlib || return 1
   fi
   $py - <<'PY' 2>/dev/null || $py -m pip install -q "flydsl>=0.5" || return 1
 import importlib.metadata as m
@@ -34,7 +34,7 @@ if [ "${1:-}" = "--setup" ]; then
   _amdk_setup || { echo "env.sh: set-up failed" >&2; exit 1; }
 fi
 
-eval "$(cd "$_amdk_root" && python3 -m harness.toolchain)" || return 1 2>/dev/null || exit 1
+eval "$(cd "$_amdk_root" && python3 -m harness.importer)" || return 1 2>/dev/null || exit 1
 export PYTHONPATH="$_amdk_root:$AMD_KERNELS_IMPORT_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
 if [ "${BASH_SOURCE[0]}" = "$0" ] && [ $# -gt 0 ]; then

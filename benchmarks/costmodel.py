@@ -46,6 +46,11 @@ LDS_BYTES_PER_CLK_CU = 128  # CDNA3 whitepaper: 128 B/clk LDS bandwidth per CU (
 L2_BYTES_PER_CLK_CU_PEAK = 64  # CDNA3 whitepaper: 64 B/clk per CU from L2 (the fitted figure below is what a CU sustains)
 L2_BYTES_PER_CLK_XCD = 2048  # CDNA3 whitepaper: L2 128 B/clk x 16 channels per XCD; 8 XCDs
 XCDS = 8
+# Multi-GPU: AMD's MI355X specification, 7 xGMI links per GPU at 153.6 GB/s bidirectional (76.8 GB/s each
+# way), 8 GPUs fully connected (kernels/comm/allreduce_ranks8_h2880/README.md quotes it). No published per-hop
+# latency: the flag round trips are in the fitted launch cost and the emulated spin loops.
+XGMI_LINKS = 7
+XGMI_BYTES_PER_S = 76.8e9   # per link, one direction
 # Dense MFMA FLOP per clock per CU by operand type (MI355X product page peaks / (256 CUs x 2.4 GHz)):
 # FP8 5.0 PFLOP/s -> 8192; FP16/BF16 2.5 -> 4096; MXFP6/MXFP4 10 -> 16384; FP32 MFMA 157 TFLOP/s -> 256;
 # INT8 5.0 POPS -> 8192; FP64 MFMA 78.6 -> 128. The CDNA3-era FP8 forms (16x16x32 fp8_fp8) run at the CDNA3
@@ -139,11 +144,15 @@ def launch_from_record(rec, fp4: bool = False) -> dict:
     return d
 
 
-def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None = None) -> dict:
+def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None = None,
+                   link_bytes: float = 0) -> dict:
     """Projected microseconds of one launch (dict from launch_from_record) and the terms behind it.
 
     dram_bytes: the launch's DRAM bytes when the caller knows better (a sampled launch has no distinct count);
-    default: distinct bytes loaded + stored, or for a sampled launch the issued bytes scaled to the grid."""
+    default: distinct bytes loaded + stored, or for a sampled launch the issued bytes scaled to the grid.
+    link_bytes: bytes this rank's launch pulls from its peers over xGMI (multi-rank kernels; the emulator
+    does not tell local from remote addresses, so the caller says): the "xgmi" term, the 7 links in parallel.
+    They also stay in the HBM term (a peer's HBM serves them)."""
     fit = fit or FITTED
     c, ins = L["counters"], L["instructions"]
     ran = max(1, L["ran"])
@@ -189,6 +198,8 @@ def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None 
             dram_bytes = c.get("global_load_distinct_bytes", 0) + c.get("global_store_distinct_bytes", 0)
     terms["hbm"] = dram_bytes / (HBM_BYTES_PER_S * fit.hbm_efficiency) * 1e6
     terms["l2"] = issued_wg * wgs / (L2_BYTES_PER_CLK_XCD * XCDS * CLOCK_HZ) * 1e6
+    if link_bytes:
+        terms["xgmi"] = link_bytes / (XGMI_LINKS * XGMI_BYTES_PER_S) * 1e6
     ordered = sorted(terms.values(), reverse=True)
     body = ordered[0] + fit.overlap * ordered[1]
     us = fit.launch_us + body
@@ -197,14 +208,19 @@ def project_launch(L: dict, dram_bytes: float | None = None, fit: Fitted | None 
             "resident_waves_per_simd": resident_simd, "rounds": rounds, "dram_bytes": dram_bytes}
 
 
-def project_launches(launches: list[dict], dram_bytes: list | None = None, fit: Fitted | None = None) -> dict:
+def project_launches(launches: list[dict], dram_bytes: list | None = None, fit: Fitted | None = None,
+                     link_bytes: list | None = None) -> dict:
     """Sum over an entry's launches (each launch pays its own per-launch cost: they run back to back)."""
-    outs = [project_launch(L, None if dram_bytes is None else dram_bytes[i], fit) for i, L in enumerate(launches)]
+    outs = [project_launch(L, None if dram_bytes is None else dram_bytes[i], fit,
+                           0 if link_bytes is None else link_bytes[i]) for i, L in enumerate(launches)]
     return {"us": sum(o["us"] for o in outs), "launches": outs}
 
 
-def project_records(recs, fp4: bool = False, fit: Fitted | None = None) -> dict:
-    return project_launches([launch_from_record(r, fp4) for r in recs], fit=fit)
+def project_records(recs, fp4: bool = False, fit: Fitted | None = None, link_bytes: float = 0) -> dict:
+    """`link_bytes`: bytes the entry pulls from peer ranks, charged to its first launch (see project_launch)."""
+    launches = [launch_from_record(r, fp4) for r in recs]
+    links = [link_bytes if i == 0 else 0 for i in range(len(launches))]
+    return project_launches(launches, fit=fit, link_bytes=links)
 
 
 def fitted_dict(fit: Fitted | None = None) -> dict:

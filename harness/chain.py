@@ -33,7 +33,7 @@ from harness import checks, discovery
 from harness import device as devices
 from references import OPS
 
-SOURCES = ("in", "batch", "cache", "w", "layer", "model")
+SOURCES = ("in", "batch", "cache", "w", "layer", "model", "rank")
 
 
 @dataclass(frozen=True)
@@ -165,31 +165,36 @@ def real_rows_filter(pkg, real: int):
 def run_layer(layer: Layer, *, backend: str, hidden, residual, weights: dict, batch: dict, cache: dict,
               layer_idx: int, real: int | None = None, order_seed: int | None = None,
               prepared: Prepared | None = None, local: bool = False, upto: int | None = None,
-              around_step=None) -> dict:
+              around_step=None, references: dict | None = None, rank: dict | None = None) -> dict:
     """One pass of the chain -> {"<step>.<output>": tensor}. backend "reference": the ops' references (the
     caller passes real rows only); "kernels": the package entries on the executing device, `cache` written
     in place; on the emulator with workgroups in `order_seed` order, "tokens" packages on the real rows.
     local: also "local:<step>.<output>", the op's reference on the real rows of the kernel's own inputs
     (and "local:<step>.<mutated argument>", e.g. the cache the reference wrote from the same bytes).
     upto: run only the first `upto` steps (e.g. 1: the next layer's add + norm on this layer's outputs).
-    around_step(step): a context manager entered around each kernel call (e.g. to record its launches)."""
+    around_step(step): a context manager entered around each kernel call (e.g. to record its launches).
+    references: step name -> a function used instead of that step's reference (backend "reference"; e.g.
+    references.attention.paged_attention_p_bf16 for the chain bound); with `local`, also the local reference
+    (None: no local reference for that step, e.g. an all-reduce, whose reference needs every rank's input).
+    rank: the "rank.<x>" source (TP > 1: {"tp_rank": r})."""
     steps = (layer.first_steps if residual is None else layer.steps)[:upto]
     sources = {"in": {"hidden": hidden, "residual": residual}, "batch": batch, "cache": cache, "w": weights,
-               "layer": layer_constants(layer, layer_idx), "model": layer.model}
+               "layer": layer_constants(layer, layer_idx), "model": layer.model, "rank": rank or {}}
     env = {}
     for st in steps:
         pkg, entry = _entry(st.kernel, st.entry)
         args = {a: _resolve(s, env, sources) for a, s in st.args.items()}
         op = OPS[pkg.entries[st.entry]]
         if backend == "reference":
-            outs = op.reference(**args)
+            outs = (references or {}).get(st.name, op.reference)(**args)
         else:
             local_args = _local_args(op, args, real) if local else None
             prepared = prepared if prepared is not None else Prepared()
             with (around_step(st) if around_step else contextlib.nullcontext()):
                 outs = _call_kernel(pkg, entry, prepared.inputs(pkg, st, args), real, order_seed)
-            if local:  # the op's reference on this kernel chain's own inputs (a kernel's error alone)
-                lo = op.reference(**local_args)
+            local_ref = (references or {}).get(st.name, op.reference)
+            if local and local_ref is not None:  # the reference on this chain's own inputs: a kernel's error alone
+                lo = local_ref(**local_args)
                 env.update({f"local:{st.name}.{o}": t for o, t in zip(st.outputs, lo)})
                 env.update({f"local:{st.name}.{m}": local_args[m] for m in op.mutates})
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
@@ -229,3 +234,33 @@ def _call_kernel(pkg, entry, inputs: dict, real, order_seed):
 def padded(t: torch.Tensor, real: int) -> torch.Tensor:
     """`t` with rows real.. refilled with garbage (what a padded batch holds), as a new tensor."""
     return checks.fill_padding({"t": t}, ("t",), real, True)["t"] if real < t.shape[0] else t.clone()
+
+
+def run_layer_ranks(layer: Layer, *, hidden: list, residual: list | None, weights: list, batch: dict,
+                    caches: list, layer_idx: int, references: list | None = None, upto: int | None = None) -> list:
+    """The TP chain on the references in one process -> one env per rank: each step runs on every rank in turn
+    (rank r's shard: weights[r], caches[r], hidden[r]), a multi-rank step's reference (an all-reduce) is called
+    once on the ranks' stacked partials `x` and every rank gets its result. references[r]: as run_layer's."""
+    world = len(weights)
+    steps = (layer.first_steps if residual is None else layer.steps)[:upto]
+    sources = [{"in": {"hidden": hidden[r], "residual": None if residual is None else residual[r]}, "batch": batch,
+                "cache": caches[r], "w": weights[r], "layer": layer_constants(layer, layer_idx),
+                "model": layer.model, "rank": {"tp_rank": r}} for r in range(world)]
+    envs = [{} for _ in range(world)]
+    for st in steps:
+        pkg, _ = _entry(st.kernel, st.entry)
+        op = OPS[pkg.entries[st.entry]]
+        args = [{a: _resolve(s, envs[r], sources[r]) for a, s in st.args.items()} for r in range(world)]
+        if pkg.ranks > 1:
+            if pkg.ranks != world:
+                raise ValueError(f"{st.name}: kernels/{st.kernel} runs on {pkg.ranks} ranks, the chain on {world}")
+            outs = op.reference(**{**args[0], "x": torch.stack([a["x"] for a in args])})
+            per_rank = [outs] * world
+        else:
+            per_rank = [((references or [None] * world)[r] or {}).get(st.name, op.reference)(**args[r])
+                        for r in range(world)]
+        for r, outs in enumerate(per_rank):
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            envs[r].update({f"{st.name}.{o}": t for o, t in zip(st.outputs, outs)})
+            envs[r].update({f"{st.name}.{o}": _resolve(s, envs[r], sources[r]) for o, s in st.aliases.items()})
+    return envs

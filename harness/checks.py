@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from harness import device as devices
+from harness import memory
 from references import OPS, cosine
 
 # On the emulator, launches with more workgroups than this run a sample of this many.
@@ -132,6 +133,7 @@ def _run(entry, inputs: dict, *, order_seed: int | None, sample: dict):
     guard = emulator.guard(inputs) if SANITIZE else contextlib.nullcontext()
     with emulator.options(**opts), emulator.launches() as records, guard:
         outputs = entry(**inputs)
+    memory.trim()  # the run's freed heap pages, before the next run or the reference allocates
     return _as_tuple(outputs), list(records)
 
 

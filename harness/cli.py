@@ -3,10 +3,12 @@
   python -m harness run regimes/<model>.toml [--tokens 1,8,64] [--no-exec]
       warm up every kernel the regime names, then print one table per op and shape: warm-up (compile)
       time, ISA card of each variant, and, where a GPU or the emulator executes, cosine, determinism and
-      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py).
+      padding results per token count, with the cost model's projected MI355X us (benchmarks/costmodel.py;
+      multi-rank ops: each rank projects its own launches; the range over ranks is shown, its low end the
+      rank that waited least for its peers, i.e. ranks arriving together).
   python -m harness run regimes/<model>.toml --layer [--tp 1] [--tokens 1,8,64,256]
-      the regime's decoder layer ([[layer]]): each step's entry, its warm-up time and the kernels it
-      launches at each decode token count (a cost model's projected time per op when one is present)
+      the regime's decoder layer ([[layer]]): each step's entry, its warm-up time, and at each decode token
+      count the kernels it launches, the cost model's projected us and the floor, per step and in total
   python -m harness isa [--json]     every variant's ISA card
   python -m harness list [--json]    registered kernel packages: op, shape token, entries, regime ops
 """
@@ -131,88 +133,60 @@ def _run_multirank(pkg, shape, wanted_tokens) -> bool:
         bad = res.failures(OPS[shape.op].cosine_min)
         failed |= bool(bad)
         cos = " ".join(f"{n}={v:.6f}" for n, v in res.cosines.items())
+        # the least-waiting rank: an emulated rank that starts early polls flags for the emulator's time
+        projected = (f"{min(res.projected_us):.2f}-{max(res.projected_us):.2f}" if res.projected_us else "-")
         rows.append([c.tokens, c.real, cos, "yes" if res.ranks_equal else "NO",
-                     "yes" if res.repeat_equal else "NO", "ok" if not bad else "; ".join(bad)])
-    print(_table(["tokens", "real", "cosine", f"{pkg.ranks} ranks equal", "repeat equal", "result"], rows))
+                     "yes" if res.repeat_equal else "NO", projected, "ok" if not bad else "; ".join(bad)])
+    print(_table(["tokens", "real", "cosine", f"{pkg.ranks} ranks equal", "repeat equal",
+                  "projected us (ranks: least-most waiting)", "result"], rows))
     return failed
 
 
 def cmd_layer(args) -> int:
-    """The regime's decoder layer ([[layer]]): each step's entry, warm-up time, and the kernels it launches at
-    each decode token count (emulator, no execution), with the projected time when a cost model is present."""
+    """The regime's decoder layer ([[layer]], a full-attention layer's steps): each step's entry, warm-up time,
+    and at each decode token count its launches (variants), projected MI355X us and floor, and the layer's
+    totals (benchmarks/layer.py: how each step is run and costed)."""
     dev = _setup()
-    import torch
-
-    from harness import chain, checks
-    from references import layer as ref_layer
+    from benchmarks import layer as layer_bench
+    from harness import cases, chain, discovery
 
     layer = chain.load_layer(args.regime, args.tp)
     tokens = [int(t) for t in (args.tokens or "1,8,64,256").split(",")]
-    project = _cost_model()
-    print(f"layer of {Path(args.regime).name} at TP{layer.tp} ({', '.join(layer.phases)}) on {dev.kind}; "
-          "projected us: see `harness run` (the listing does not execute)")
-    warm = {}
-    for st in (*layer.first_steps, *layer.steps):
+    print(f"layer of {Path(args.regime).name} at TP{layer.tp} ({', '.join(layer.phases)}) on {dev.kind}: "
+          f"decode, attention over {layer_bench.CONTEXT} keys per sequence (full layer); us are PROJECTED by "
+          "benchmarks/costmodel.py (a model, not a measurement)" + ("" if dev.emulated else " - n/a on a GPU"))
+    dims = {(s.kernel, s.op): s.dims for s in cases.op_shapes([Path(args.regime).stem])}
+    packages = discovery.discover()
+    warm, rows, totals = {}, [], {t: [0.0, 0.0] for t in tokens}
+    for st in layer.steps:
         key = f"{st.kernel}.{st.entry}"
+        pkg = packages[st.kernel]
+        op = pkg.entries[st.entry]
         if key not in warm:
             start = time.perf_counter()
             chain._entry(st.kernel, st.entry)[1].warm_up()
             warm[key] = time.perf_counter() - start
-    weights = checks.to_device(ref_layer.build_layer_weights(checks.seed_of("layer-weights")), dev.torch_device)
-    prepared = chain.Prepared()
-    launched = {}  # (tokens, step) -> [kernel names]
-    for t in tokens:
-        run = ref_layer.build_decode_run(t, [1000] * t, 1, seed=t)
-        batch = checks.to_device(run["batches"][0], dev.torch_device)
-        cache = checks.to_device({"key": run["key_cache"], "value": run["value_cache"]}, dev.torch_device)
-        names = _launches_per_step(layer, run, batch, cache, weights, prepared, dev)
-        for step, kernels in names.items():
-            launched[(t, step)] = kernels
-        del run, cache
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    rows = []
-    for st in layer.steps:
-        key = f"{st.kernel}.{st.entry}"
         for i, t in enumerate(tokens):
-            recs = launched.get((t, st.name), [])
-            names = " + ".join(f"{r.kernel_name}{list(r.grid)}" for r in recs) or "-"
-            projected = f"{project(st.kernel, st.entry, t, recs) * 1e6:.1f}" if project else "-"
-            rows.append([st.name if i == 0 else "", key if i == 0 else "", f"{warm[key]:.2f}" if i == 0 else "",
-                         t, names, projected])
-    print(_table(["step", "entry", "warm-up s", "tokens", "launches [grid]", "projected us"], rows))
+            head = [st.name if i == 0 else "", key if i == 0 else "", f"{warm[key]:.2f}" if i == 0 else "", t]
+            if pkg.ranks > 1 or not dev.emulated:
+                rows.append(head + [f"({pkg.ranks} ranks: not costed here)" if pkg.ranks > 1 else "-", "-", "-", "-"])
+                continue
+            res = layer_bench.measure_step(st.kernel, op, dims[(st.kernel, op)], t)
+            names = " + ".join(f"{L['kernel']}{L['grid']}" + (" sampled" if L["sampled"] else "")
+                               for L in res["launches"])
+            totals[t][0] += res["projected_us"]
+            totals[t][1] += res["floor_us"]
+            rows.append(head + [names, f"{res['projected_us']:.2f}", f"{res['floor_us']:.3f}",
+                                f"{res['projected_us'] / res['floor_us']:.1f}"])
+            print(f"  {st.name} at {t} tokens: projected {res['projected_us']:.2f} us, floor {res['floor_us']:.3f} us",
+                  flush=True)
+    for t in tokens:
+        p, f = totals[t]
+        rows.append(["layer total" if t == tokens[0] else "", "", "", t, "costed steps", f"{p:.2f}", f"{f:.3f}",
+                     f"{p / f:.1f}" if f else "-"])
+    print(_table(["step", "entry", "warm-up s", "tokens", "launches [grid] (variant)", "projected us", "floor us",
+                  "x floor"], rows))
     return 0
-
-
-def _launches_per_step(layer, run, batch, cache, weights, prepared, dev) -> dict:
-    """Step name -> the emulator's LaunchRecords of one chain pass (no execution); {} on a GPU."""
-    import contextlib
-
-    from harness import chain, checks
-
-    if not dev.emulated:
-        return {}
-    from harness import emulator
-
-    out = {}
-
-    @contextlib.contextmanager
-    def record(step):
-        with emulator.launches() as recs:
-            yield
-        out[step.name] = list(recs)
-
-    with checks.no_execution():
-        chain.run_layer(layer, backend="kernels", hidden=run["hidden"].to(dev.torch_device),
-                        residual=run["residual"].to(dev.torch_device), weights=weights, batch=batch, cache=cache,
-                        layer_idx=1, prepared=prepared, around_step=record)
-    return out
-
-
-def _cost_model():
-    """project(kernel, entry, tokens, launches) -> projected seconds, or None. The listing runs the chain without
-    executing kernels (no counters), so benchmarks/costmodel.py has nothing to project from here: the per-op
-    projections are in `harness run` and `python -m benchmarks.runner`. None until the listing executes."""
-    return None
 
 
 def _all_entries():
@@ -269,7 +243,8 @@ def main(argv=None) -> int:
     run.add_argument("--tokens", help="comma-separated token counts to execute (default: all)")
     run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")
     run.add_argument("--layer", action="store_true",
-                     help="the regime's decoder layer: each step's entry, warm-up time, launches per token count")
+                     help="the regime's decoder layer: each step's entry, warm-up, launches, projected us and floor "
+                          "per token count")
     run.add_argument("--tp", type=int, default=1, help="with --layer: the TP size's chain (default 1)")
     isa = sub.add_parser("isa", help="print every variant's ISA card")
     isa.add_argument("--json", action="store_true")

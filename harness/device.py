@@ -8,6 +8,7 @@ FlyDSL's runtime: the emulator's substitute HIP library must be loaded first.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 from harness.toolchain import configure_gfx950
@@ -53,6 +54,9 @@ def setup() -> Device:
 
         emulator.install()
         os.environ[DEVICE_ENV] = "emulator"
+        host = sys.modules.get("amd_kernels.host")
+        if host is not None:  # imported before this set-up: it reads AMD_KERNELS_DEVICE once per process
+            host.reload_env()
         _device = Device("emulator", "cpu")
     return _device
 

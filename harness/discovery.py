@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.toolchain import REPO
@@ -35,6 +35,11 @@ class KernelPackage:
     sample_above_tokens: int = 0
     # multi-GPU kernels: the harness runs their cases on this many ranks (harness/multirank.py)
     ranks: int = 1
+    # op -> its own emulator token counts (kernel.toml [emulator.op_token_counts]), else emulator_token_counts
+    emulator_op_token_counts: dict = field(default_factory=dict)
+
+    def emulator_counts_for(self, op: str) -> tuple:
+        return tuple(self.emulator_op_token_counts.get(op, self.emulator_token_counts))
 
     def import_entries(self) -> dict:
         mod = importlib.import_module(self.module)
@@ -71,5 +76,7 @@ def discover() -> dict[str, KernelPackage]:
             sample_above_tokens=int(data.get("sample_above_tokens", 0)),
             readme=decl.parent / "README.md",
             ranks=int(data.get("ranks", 1)),
+            emulator_op_token_counts={op: tuple(c) for op, c in
+                                      data.get("emulator", {}).get("op_token_counts", {}).items()},
         )
     return packages

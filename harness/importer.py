@@ -10,7 +10,7 @@ import importlib.util
 import os
 import sys
 
-from harness.toolchain import CACHE, REPO
+from harness.toolchain import CACHE, REPO, configure_gfx950
 
 IMPORT_DIR = CACHE / "import"
 
@@ -34,3 +34,19 @@ def expose_amd_kernels() -> None:
     ensure_link()
     sys.path.insert(0, str(IMPORT_DIR))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(IMPORT_DIR), os.environ.get("PYTHONPATH")]))
+
+
+def shell_exports() -> str:
+    """`export` lines for env.sh: the gfx950 set-up (harness.toolchain), the checkout's import paths."""
+    import shlex
+
+    configure_gfx950()
+    ensure_link()
+    names = ("ARCH", "FLYDSL_GPU_ARCH", "ROCM_PATH", "FLYDSL_RUNTIME_CACHE_DIR")
+    return "\n".join(f"export {n}={shlex.quote(os.environ[n])}" for n in names) + (
+        f"\nexport AMD_KERNELS_IMPORT_DIR={shlex.quote(str(IMPORT_DIR))}"
+    )
+
+
+if __name__ == "__main__":
+    print(shell_exports())

@@ -40,3 +40,10 @@ def test_builder_stacks_eight_partials_of_unit_total_variance():
     x = OPS["allreduce"].build_inputs(64, DIMS, 0)["x"]
     assert x.shape == (8, 64, 2880) and x.dtype == torch.bfloat16
     assert 0.95 < float(ar.allreduce(x)[0].float().std()) < 1.05
+
+
+def test_builder_for_one_rank_gives_that_ranks_slice():
+    full = OPS["allreduce"].build_inputs(5, {**DIMS, "ranks": 8}, 11)["x"]
+    for r in (0, 3, 7):
+        one = OPS["allreduce"].build_inputs(5, {**DIMS, "ranks": 8, "only_rank": r}, 11)["x"]
+        assert one.shape == (1, 5, 2880) and torch.equal(one[0], full[r])

@@ -52,3 +52,44 @@ def test_registers_limit_occupancy():
 @pytest.mark.parametrize("row", list(csv.DictReader(open(POINTS))), ids=lambda r: r["point"])
 def test_every_calibration_point_names_its_source(row):
     assert float(row["published_us"]) > 0 and row["source"].strip()
+
+
+def test_link_bytes_add_an_xgmi_term():
+    """A multi-rank launch's peer bytes cost link time: 7 links of 76.8 GB/s each way, in parallel."""
+    link = 7 * 64 * 5760
+    r = costmodel.project_launch(_launch(workgroups=64), link_bytes=link)
+    assert r["terms_us"]["xgmi"] == pytest.approx(link / (7 * 76.8e9) * 1e6)
+    assert "xgmi" not in costmodel.project_launch(_launch(workgroups=64))["terms_us"]
+
+
+def test_runner_floor_counts_link_bytes():
+    from benchmarks.runner import Cost, floor_us
+
+    f = floor_us(Cost(min_bytes=1000, flops=0, link_bytes=7 * 76.8e9 * 1e-6))  # one microsecond of links
+    assert f["bound"] == "xgmi" and f["floor_us"] == pytest.approx(1.0)
+
+
+def test_plot_option_writes_png_figures(tmp_path):
+    """`runner --plot DIR` on a small case: a roofline and a projected-against-tokens figure, valid PNGs."""
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra 'plot' (matplotlib)")
+    from matplotlib import image
+
+    from benchmarks import runner
+
+    runner.main(["quant/mxfp8_k512", "--tokens", "1,8", "--plot", str(tmp_path)])
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["quant_mxfp8_k512.png", "roofline.png"]
+    for name in written:
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert image.imread(tmp_path / name).shape[0] > 100
+
+
+def test_plot_without_matplotlib_names_the_extra(monkeypatch):
+    import sys
+
+    from benchmarks import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib then raises ImportError
+    with pytest.raises(SystemExit, match=r"amd_kernels\[plot\]"):
+        plots.require_matplotlib()

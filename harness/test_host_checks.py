@@ -3,6 +3,7 @@ and a row slice of a tensor the kernel reads bytewise (accepted)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -84,3 +85,54 @@ def test_torch_compile_raises_the_argument_error_while_tracing():
     with pytest.raises(Exception, match="weight: expected dtype torch.bfloat16, got torch.float32"):
         compiled(x, weight)
     assert graphs == []
+
+
+def test_plain_eager_call_matches_the_dispatcher():
+    """A plain eager call runs the entry without torch's dispatcher (host.EntryOp): the same bytes as the
+    dispatched op, the same argument errors, and the mutated arguments' version counters bumped."""
+    import amd_kernels.attention.rope_kv_q8_kv1_d64 as rope
+    import amd_kernels.quant.mxfp8_k512 as quant
+    from amd_kernels import host
+    from harness import emulator
+
+    assert isinstance(quant.mxfp8_quant, host.EntryOp)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    x = x.to(devices.current().torch_device)
+    fast, dispatched = quant.mxfp8_quant(x), quant.mxfp8_quant._opoverload(x)
+    for a, b in zip(fast, dispatched):
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+    bad = x.float()
+    with pytest.raises(TypeError) as fast_err:
+        quant.mxfp8_quant(bad)
+    with pytest.raises(TypeError) as dispatched_err:
+        quant.mxfp8_quant._opoverload(bad)
+    assert str(fast_err.value) == str(dispatched_err.value) and str(fast_err.value).startswith("x: ")
+
+    spec = next(s for s in cases.op_shapes() if s.kernel == "attention/rope_kv_q8_kv1_d64" and s.op == "rope_kv_write")
+    inputs = checks.to_device(OPS[spec.op].build_inputs(1, spec.dims, 0), devices.current().torch_device)
+    before = (inputs["key_cache"]._version, inputs["value_cache"]._version, inputs["qkv"]._version)
+    with emulator.options(execute=False) if devices.current().emulated else contextlib.nullcontext():
+        rope.rope_kv_write(**inputs)
+    after = (inputs["key_cache"]._version, inputs["value_cache"]._version, inputs["qkv"]._version)
+    assert after == (before[0] + 1, before[1] + 1, before[2]), (before, after)
+
+
+def test_cached_environment_is_reread_by_reload_env(monkeypatch):
+    """The host code reads its switches once per process; reload_env() re-reads them."""
+    from amd_kernels import host
+
+    monkeypatch.setenv("AMD_KERNELS_TEST_FLAG", "1")
+    host.reload_env()
+    assert host.env_flag("AMD_KERNELS_TEST_FLAG")
+    monkeypatch.setenv("AMD_KERNELS_TEST_FLAG", "0")
+    assert host.env_flag("AMD_KERNELS_TEST_FLAG")  # cached until re-read
+    host.reload_env()
+    assert not host.env_flag("AMD_KERNELS_TEST_FLAG")
+    monkeypatch.setenv(host.EAGER_DISPATCH_ENV, "1")
+    host.reload_env()
+    try:
+        assert host._always_dispatch
+    finally:
+        monkeypatch.delenv(host.EAGER_DISPATCH_ENV)
+        host.reload_env()
+    assert not host._always_dispatch

@@ -77,13 +77,14 @@ def test_regimes_and_declarations_agree():
 
 
 # A kernel too slow to emulate at every token count lists the ones the emulator checks by default in its
-# kernel.toml ([emulator] token_counts); AMD_KERNELS_FULL=1 checks every count. A GPU always checks all.
+# kernel.toml ([emulator] token_counts, or per op [emulator.op_token_counts]); AMD_KERNELS_FULL=1 checks every
+# count. A GPU always checks all.
 FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 
 
 def _numeric_param(shape, count):
     marks = []
-    subset = PACKAGES[shape.kernel].emulator_token_counts if shape.kernel in PACKAGES else ()
+    subset = PACKAGES[shape.kernel].emulator_counts_for(shape.op) if shape.kernel in PACKAGES else ()
     if subset and count.tokens not in subset and not FULL and devices.current().emulated:
         marks.append(pytest.mark.skip(reason=f"emulator: {count.tokens} tokens is outside kernels/{shape.kernel}"
                                       "'s emulated set; AMD_KERNELS_FULL=1 runs it"))
@@ -240,10 +241,17 @@ def test_bad_input_names_the_argument(shape, monkeypatch):
     with pytest.raises(ValueError, match=f"^{first}: .*device meta"):
         entry(**meta)
     # A tensor on the host: on a GPU, move one; under the emulator, host tensors stop being accepted.
+    from amd_kernels import host
+
     if devices.current().emulated:
         monkeypatch.delenv(devices.DEVICE_ENV)
-    with pytest.raises(ValueError, match=f"^{first}: .*device"):
-        entry(**{**inputs, first: inputs[first].cpu()})
+        host.reload_env()  # the host code reads AMD_KERNELS_DEVICE once per process
+    try:
+        with pytest.raises(ValueError, match=f"^{first}: .*device"):
+            entry(**{**inputs, first: inputs[first].cpu()})
+    finally:
+        monkeypatch.undo()
+        host.reload_env()
 
 
 def _invariance_param(shape, cancelling):

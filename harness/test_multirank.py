@@ -47,7 +47,7 @@ def _result(shape, count) -> multirank.MultiRankResult:
         counts = [c for c in shape.token_counts if _runs(shape, c)]
         triples = [(c.tokens, c.real, _seed(shape, c)) for c in counts]
         results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
-                                        world=pkg.ranks)
+                                        world=pkg.ranks, sample_above=pkg.sample_above_tokens)
         _results[shape.id] = {(c.tokens, c.real): r for c, r in zip(counts, results)}
     return _results[shape.id][(count.tokens, count.real)]
 
@@ -101,15 +101,21 @@ def test_bad_inputs_across_ranks(pkg):
     results = ranks.run(multirank.bad_input_worker, world=pkg.ranks, args=(pkg.module, dims), timeout=6)
     for rank, res in enumerate(results):
         assert res["sizes"] and "ValueError" in res["sizes"] and "max_tokens" in res["sizes"], (rank, res)
-        assert res["too_many_tokens"] and res["too_many_tokens"].startswith("ValueError: x:"), (rank, res)
+        too_many = res["too_many_tokens"] or ""
+        assert too_many.startswith("ValueError: x: 33 tokens") and "registered buffer of 32 tokens" in too_many, \
+            (rank, res)
         assert res["dtype"] and res["dtype"].startswith("TypeError: residual:"), (rank, res)
         uneven = res["uneven_tokens"] or ""
-        assert uneven.startswith("ValueError: x:") and "rank 0" in uneven and "3 tokens" in uneven, (rank, res)
+        assert uneven.startswith("ValueError: x:") and "rank 0" in uneven and "(3 tokens)" in uneven, (rank, res)
+        rank_dtype = res["rank_dtype"] or ""  # rank 1 passed float32: every rank says so (none waits)
+        assert rank_dtype.startswith("ValueError: x:") and "torch.float32" in rank_dtype, (rank, res)
+        assert "rank 1 called" in rank_dtype and "bfloat16" in rank_dtype, (rank, res)
         if rank == pkg.ranks - 1:
-            assert "absent_rank" not in res
+            assert "absent_rank" not in res and "absent_rank_two_stage" not in res
         else:
-            msg = res["absent_rank"] or ""
-            assert "RankHang" in msg and f"rank {rank}" in msg and "last system-scope load" in msg, (rank, msg)
+            for key in ("absent_rank", "absent_rank_two_stage"):
+                msg = res[key] or ""
+                assert "RankHang" in msg and f"rank {rank}" in msg and "last system-scope load" in msg, (rank, key, msg)
 
 
 def test_the_judge_catches_a_rank_that_differs_and_a_wrong_sum():
@@ -131,3 +137,15 @@ def test_the_judge_catches_a_rank_that_differs_and_a_wrong_sum():
     runs = [{"runs": [(bad,)] * 2, "counters": [], "compiles_after_warm_up": []}] * 8  # all agree, all wrong
     fails = multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999)
     assert fails == ["sum: not bitwise equal to the reference"]
+    # one rank saw other bytes across the tier edge
+    runs = [{"runs": [(good.clone(),)] * 2, "counters": [], "compiles_after_warm_up": [],
+             "tier_edge_equal": r != 5} for r in range(8)]
+    fails = multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(0.99999)
+    assert fails == ["the same rows gave other bytes just below and at the tier edge"]
+    # sampled rows: only those are compared with the reference (rows 1 and 2 of 3 here)
+    runs = [{"runs": [(good[[1, 2]].clone(),)] * 2, "counters": [], "compiles_after_warm_up": [], "rows": [1, 2]}
+            for _ in range(8)]
+    res = multirank._judge("allreduce", dims, 3, 3, 9, runs)
+    assert res.failures(0.99999) == [] and res.rows_checked == [1, 2] and res.rows_real == 2
+    runs[0] = {**runs[0], "runs": [(good[[0, 2]].clone(),)] * 2}  # rank 0's rows are not the rows it names
+    assert "sum: not bitwise equal to the reference" in multirank._judge("allreduce", dims, 3, 3, 9, runs).failures(1)

@@ -33,12 +33,18 @@ def _broken(inputs: dict):
 def test_value_checks_name_the_argument():
     from amd_kernels.attention import paged_q8_kv1_d64 as package
 
-    inputs = checks.to_device(attention.build_paged_attention_inputs(4, DIMS, 0), "cpu")
-    for name, broken in _broken(inputs):
-        with pytest.raises(ValueError, match=f"^{name}: "):
-            package.paged_attention(**broken)
-    with pytest.raises(ValueError, match="^sliding_window: "):
-        package.paged_attention(**{**inputs, "sliding_window": 64})
+    for build, entry in ((attention.build_paged_attention_inputs, package.paged_attention),
+                         (attention.build_paged_attention_fp8_inputs, package.paged_attention_fp8)):
+        inputs = checks.to_device(build(4, DIMS, 0), "cpu")
+        for name, broken in _broken(inputs):
+            with pytest.raises(ValueError, match=f"^{name}: "):
+                entry(**broken)
+        with pytest.raises(ValueError, match="^sliding_window: "):
+            entry(**{**inputs, "sliding_window": 64})
+    with pytest.raises(TypeError, match="^k_scale: "):
+        package.paged_attention_fp8(**{**inputs, "k_scale": inputs["k_scale"].double()})
+    with pytest.raises(TypeError, match="^key_cache: "):  # a bf16 cache handed to the fp8 tier
+        package.paged_attention_fp8(**{**inputs, "key_cache": inputs["key_cache"].to(torch.bfloat16)})
 
 
 def test_split_depends_only_on_the_length():
@@ -49,3 +55,63 @@ def test_split_depends_only_on_the_length():
         spb, n = kd.splits_of(keys, 32, 8)
         assert spb >= 8 and n <= 32 and (n - 1) * spb * 64 < keys <= n * spb * 64
     assert torch.tensor([kd.splits_of(131072, 32, 8)[1], kd.splits_of(8192, 32, 8)[1]]).tolist() == [32, 16]
+
+
+@pytest.mark.skipif(not devices.current().emulated, reason="runs the kernels in the emulator")
+def test_partials_workspace_is_reused_and_chunks_keep_the_bits():
+    """The split partials live in one workspace per device (a stable pointer for graph capture); a batch above
+    its size runs in chunks of sequences with the same output bits as one launch."""
+    from amd_kernels.attention import paged_entries
+    from amd_kernels.attention import paged_q8_kv1_d64 as package
+    from amd_kernels.attention.paged_q8_kv1_d64 import kernel
+
+    small = paged_entries.build(package.__name__, "paged_q8_kv1_d64_chunk_test", kernel.KV_HEADS, kernel.MAX_SPLITS,
+                                kernel.MIN_SPLIT_BLOCKS, kernel.VARIANTS, workspace_sequences=2)
+    inputs = checks.to_device(attention.build_paged_attention_inputs(5, DIMS, 1), "cpu")  # 1000 keys: 2 splits
+    whole = package.paged_attention(**inputs)
+    chunked = small.paged_attention(**inputs)
+    assert torch.equal(whole, chunked)
+    first = small.workspace(inputs["q"].device, 2)[0].data_ptr()
+    small.paged_attention(**inputs)
+    assert small.workspace(inputs["q"].device, 1)[0].data_ptr() == first
+    assert small.workspace_bytes == 2 * 1 * kernel.MAX_SPLITS * 8 * (64 + 2) * 4
+
+
+# The prefill tier's CI subset, run whole on the emulator (every workgroup; the regime's prefill counts run
+# sampled and only with AMD_KERNELS_FULL=1): one mixed batch at TP8 with the lengths around the 32-row Q tile
+# and the 64-key block, decode sequences between prefill ones, cached prefixes up to 1000 keys.
+PREFILL_Q_LENS = [1, 63, 65, 2, 129, 1, 127]
+PREFILL_SEQ_LENS = [1000, 63, 64 + 65, 2, 1000 + 129, 70, 64 + 127]
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_prefill_tier_whole_batch(window):
+    """Every sequence of a mixed prefill / decode batch matches the reference (both tiers, every Q tile); a
+    prefill and a decode sequence give the same bits alone; two runs give the same bits."""
+    from amd_kernels.attention import paged_q8_kv1_d64 as package
+
+    dims = {"query_heads": 8, "kv_heads": 1, "sliding_window": window}
+    inputs = attention.build_paged_attention_inputs(sum(PREFILL_Q_LENS), dims, 7, seq_lens=PREFILL_SEQ_LENS,
+                                                    q_lens=PREFILL_Q_LENS)
+    dev = devices.current().torch_device
+    out = package.paged_attention(**checks.to_device(inputs, dev)).cpu()
+    ref = attention.paged_attention(**inputs)[0]
+    cu = inputs["cu_seqlens_q"].tolist()
+    for b in range(len(PREFILL_Q_LENS)):
+        got, want = out[cu[b]:cu[b + 1]].float().flatten(), ref[cu[b]:cu[b + 1]].float().flatten()
+        cos = float(torch.nn.functional.cosine_similarity(got, want, dim=0))
+        assert cos >= attention.PAGED_COSINE_MIN, (b, PREFILL_Q_LENS[b], PREFILL_SEQ_LENS[b], cos)
+    assert torch.equal(package.paged_attention(**checks.to_device(inputs, dev)).cpu().view(torch.int16),
+                       out.view(torch.int16))
+    for b in (4, 5):  # a prefill sequence (129 rows, 1000 cached keys) and a decode one, alone
+        sub, rows = attention.sub_batch_paged_attention(inputs, list(range(cu[b], cu[b + 1])))
+        alone = package.paged_attention(**checks.to_device(sub, dev)).cpu()
+        assert torch.equal(alone.view(torch.int16), out[rows].view(torch.int16)), b
+
+
+def test_prefill_tiles_and_tiers():
+    """The host twins of the prefill grid: a sequence's Q tiles depend on its own length only."""
+    from amd_kernels.attention import paged_prefill as kp
+
+    assert [kp.tiles_of(n) for n in (0, 1, 2, 32, 33, 63, 64, 65, 8192)] == [0, 0, 1, 1, 2, 2, 2, 3, 256]
+    assert kp.grid_tiles(0) == 1 and kp.grid_tiles(8192) == 256

@@ -231,6 +231,34 @@ def test_paged_attention_sink_enters_the_denominator_once():
     assert torch.allclose(plain[0, 0].double(), p @ v, atol=1e-2)
 
 
+def test_paged_attention_fp8_dequantizes_code_times_scale():
+    """The fp8 tier is the bf16 reference on code * scale: with unit scales it equals paged_attention on the
+    codes (each E4M3 code is a bf16 value) bit for bit; doubling v_scale doubles out; k_scale scales the
+    scores (a k_scale of 0 gives every key the same weight); the builder's garbage never reaches an output."""
+    from references import attention
+
+    dims = {"query_heads": 4, "kv_heads": 2, "sliding_window": 0}
+    inputs = attention.build_paged_attention_fp8_inputs(4, dims, 3, seq_lens=[1, 65, 200, 130])
+    assert inputs["key_cache"].dtype == torch.float8_e4m3fn and torch.isnan(inputs["key_cache"].float()).any()
+    (out,) = attention.paged_attention_fp8(**inputs)
+    assert torch.isfinite(out.float()).all()
+    one = torch.ones(1)
+    bf16 = {**inputs, "key_cache": inputs["key_cache"].to(torch.bfloat16),
+            "value_cache": inputs["value_cache"].to(torch.bfloat16)}
+    del bf16["k_scale"], bf16["v_scale"]
+    (plain,) = attention.paged_attention(**bf16)
+    (unit,) = attention.paged_attention_fp8(**{**inputs, "k_scale": one, "v_scale": one})
+    assert torch.equal(unit, plain)
+    (twice,) = attention.paged_attention_fp8(**{**inputs, "v_scale": 2 * inputs["v_scale"]})
+    assert torch.equal(twice.float(), 2 * out.float())
+    no_sink = torch.full((4,), -math.inf)
+    (flat,) = attention.paged_attention_fp8(**{**inputs, "k_scale": torch.zeros(1), "sinks": no_sink})
+    b0, b1 = inputs["block_table"][1, :2].tolist()  # sequence 1: 65 keys, blocks b0 (64) and b1 (1)
+    v = torch.cat([inputs["value_cache"][b0, :, 0], inputs["value_cache"][b1, :1, 0]]).double()
+    v_mean = (v * inputs["v_scale"].double()).mean(0)
+    assert torch.allclose(flat[1, 0].double(), v_mean, atol=1e-2)
+
+
 def test_moe_tp_partials_sum_to_tp1_and_ranks_follow_vllm():
     """TP ranks take whole 32-column scale blocks (vLLM's gpt-oss cut); their partials, summed in rank
     order, match TP1 (a sum order change and bf16 partials: cosine, not bitwise)."""

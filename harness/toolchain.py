@@ -59,21 +59,3 @@ def configure_gfx950() -> None:
             os.environ["ROCM_PATH"] = str(rocm_shim_root())
     os.environ["ARCH"] = TARGET_ARCH
     os.environ["FLYDSL_GPU_ARCH"] = TARGET_ARCH
-
-
-def shell_exports() -> str:
-    """`export` lines for env.sh: the gfx950 set-up above, the checkout's import paths."""
-    import shlex
-
-    from harness.importer import IMPORT_DIR, ensure_link
-
-    configure_gfx950()
-    ensure_link()
-    names = ("ARCH", "FLYDSL_GPU_ARCH", "ROCM_PATH", "FLYDSL_RUNTIME_CACHE_DIR")
-    return "\n".join(f"export {n}={shlex.quote(os.environ[n])}" for n in names) + (
-        f"\nexport AMD_KERNELS_IMPORT_DIR={shlex.quote(str(IMPORT_DIR))}"
-    )
-
-
-if __name__ == "__main__":
-    print(shell_exports())

@@ -31,6 +31,9 @@ from typing import Callable
 
 from amd_kernels import compile_watch, jit_cache
 
+# vLLM's largest CUDA-graph capture size: batches of up to this many tokens run an entry's "decode" mode
+# (its decode tiers), larger ones its "prefill" mode.
+DECODE_MAX_TOKENS = 512
 WORKERS_ENV = "AMD_KERNELS_COMPILE_WORKERS"
 _RUN_ONLY_ENV = "FLYDSL_RUNTIME_RUN_ONLY"
 _warm_lock = threading.RLock()
@@ -202,6 +205,11 @@ def _worker_loop() -> None:
             reply = {"error": traceback.format_exc()[-4000:]}
         sys.stdout.write(json.dumps(reply) + "\n")
         sys.stdout.flush()
+
+
+def mode_by_tokens(tokens: int) -> str:
+    """The mode of a token-row entry: "decode" up to DECODE_MAX_TOKENS tokens, else "prefill"."""
+    return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
 
 
 def entry(table: VariantTable, modes: dict[str, list[str]], mode_of: Callable[..., str]):

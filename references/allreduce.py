@@ -73,12 +73,19 @@ def build_inputs(tokens: int, dims: dict, seed: int, *, fused: bool) -> dict:
     Each rank's partial ~ N(0, 1/ranks) per element (a row-parallel projection's share: the ranks' shares
     add up to a unit-variance sublayer output), rounded to bf16; residual, weight and eps come from
     references.norm's builder (outlier channels in the residual, weight ~ N(1, 0.25)).
+    `dims["only_rank"]` = r: only rank r's partial (x [1, tokens, hidden], equal to x[r] of the full build).
     """
     ranks = int(dims.get("ranks", RANKS))
     hidden = int(dims["hidden"])
-    gen = torch.Generator().manual_seed(seed + 7919)
-    partials = torch.randn(ranks, tokens, hidden, generator=gen) / ranks**0.5
-    inputs = {"x": partials.to(torch.bfloat16)}
+    # Each rank's partial has its own generator, so a rank process can build only its own
+    # (dims["only_rank"] = r gives x [1, tokens, hidden] = that rank's slice of the full stack).
+    only = dims.get("only_rank")
+    which = range(ranks) if only is None else (int(only),)
+    x = torch.empty(len(which), tokens, hidden, dtype=torch.bfloat16)
+    for i, r in enumerate(which):
+        gen = torch.Generator().manual_seed(seed * 64 + 7919 + r)
+        x[i] = (torch.randn(tokens, hidden, generator=gen) / ranks**0.5).to(torch.bfloat16)
+    inputs = {"x": x}
     if fused:
         base = norm.build_inputs(tokens, dims, seed, with_residual=True)
         inputs.update(residual=base["residual"], weight=base["weight"], eps=base["eps"])

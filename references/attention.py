@@ -65,7 +65,8 @@ rope_kv_write(qkv, positions, cos_sin_cache, slot_mapping, key_cache, value_cach
   token's q and cache writes depend only on its own row (batch invariant; graph-padding rows harmless).
 
 paged attention (op 2, the other half of this module) reads the same cache layout, heads, scale and
-dequantization rule.
+dequantization rule: paged_attention on the bf16 tier, paged_attention_fp8 (k_scale, v_scale appended) on
+the fp8 tier.
 """
 
 from __future__ import annotations
@@ -333,11 +334,67 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
     - the probabilities p are rounded to bf16 before P V (bf16 MFMA, fp32 accumulate);
     - the running sums, the split merge (fixed split order) and the final division are fp32; out is rounded
       to bf16 once, round to nearest even.
+    Tiers (chosen per sequence from its own q_len, never from the batch): q_len 1 -> the decode tier, whose
+    split over keys depends only on the sequence's length (partials merged in split order); q_len > 1 -> the
+    prefill tier, one pass per Q tile over the keys in increasing 64-key blocks, no split:
+    - a Q tile is 32 consecutive query rows of one sequence (from its first row on) times the 8 query heads of
+      one KV head; its scores per 64-key block are bf16 MFMA products accumulated in fp32 over the 64 dims,
+      scaled by scale * log2(e) in fp32; keys outside the causal / window range become -inf;
+    - the running max m per (row, head) starts at sink * log2(e) (fp32) and is updated once per block; O and
+      the per-lane partial sums are rescaled by exp2(m_old - m_new) (fp32); p = exp2(s - m) in fp32;
+    - p rounded to bf16 (round to nearest even) before P V, which accumulates in fp32 over the block's keys;
+    - at the end l = the 4 partial sums (fixed order) + exp2(sink * log2(e) - m), out = O * (1 / l) in fp32,
+      rounded to bf16 once.
     Tolerance: cosine of out against this reference >= 0.9995 (the bf16 rounding of p is the largest term),
-    and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not depend on the
-    other sequences of the batch: its split over keys depends only on its own length).
+    for both tiers, and the kernel bitwise deterministic and batch invariant (a sequence's output bits do not
+    depend on the other sequences of the batch: its tier, its split over keys and its Q tiles depend only on
+    its own lengths).
 
     Computed in fp64 per (sequence, KV head), rounded to bf16 once."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, None, None, round_p=False)
+
+
+def paged_attention_fp8(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                        sinks: torch.Tensor, sliding_window: int, k_scale: torch.Tensor, v_scale: torch.Tensor
+                        ) -> tuple[torch.Tensor]:
+    """paged_attention over the fp8 tier of the KV cache -> (out bf16 [T, Hq, 64],).
+
+    key_cache / value_cache float8_e4m3fn [num_blocks, 64, Hkv, 64] (what rope_kv_write_fp8 writes), k_scale /
+    v_scale fp32 [1] (per tensor, vLLM's layer._k_scale / _v_scale); every other argument as paged_attention.
+    - Dequantization (the contract's rule, module docstring): key = code * k_scale, value = code * v_scale.
+      This reference computes it exactly (fp64) and then the same attention as paged_attention.
+    - Where the kernels round: each E4M3 code converts to bf16 exactly (every E4M3 value, NaN included, is a
+      bf16 value), so Q K^T runs on the codes with bf16 products accumulated in fp32 (MFMA), and the scale is
+      applied to the fp32 score: s = (q . code_k) * (k_scale * 64**-0.5 * log2 e), that constant one fp32
+      product. P is rounded to bf16 and multiplies the V codes (bf16 MFMA, fp32 accumulate); the fp32 O is
+      multiplied by v_scale in fp32 before the final division (one split) or before it is written as a
+      split partial (the merge is the bf16 tier's). No other rounding than paged_attention's.
+    - Tolerance: cosine >= 0.9995 against this reference (as paged_attention: the fp8 codes are inputs here,
+      so their quantization error is not part of the comparison), bitwise deterministic, batch invariant.
+    - A NaN code or a saturated +-448 in a slot no query reads must never reach an output (the input builder
+      puts them there)."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, k_scale, v_scale, round_p=False)
+
+
+def paged_attention_p_bf16(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                           sliding_window) -> tuple[torch.Tensor]:
+    """paged_attention with the kernels' largest rounding point put back: each p_k = exp(s_k - m) rounded to
+    bf16 before P V (the denominator keeps the unrounded p, as the kernels' fp32 running sum does; m the row's
+    final max where the kernels use a running block max: the same relative rounding, another realization).
+    Not an op: the layer's chain bound (references/layer.py) runs the reference chain with it."""
+    return _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks,
+                            sliding_window, None, None, round_p=True)
+
+
+def _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
+                     k_scale, v_scale, round_p: bool) -> tuple[torch.Tensor]:
+    """The fp64 computation of both KV tiers: k_scale / v_scale None for bf16 caches, else the dequant
+    factors; round_p puts the kernels' P-to-bf16 rounding back (paged_attention_p_bf16)."""
+    ks = 1.0 if k_scale is None else float(k_scale.double().reshape(()))
+    vs = 1.0 if v_scale is None else float(v_scale.double().reshape(()))
     T, Hq, D = q.shape
     Hkv = key_cache.shape[2]
     G = Hq // Hkv
@@ -362,8 +419,8 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
         k_all = key_cache[blocks].reshape(-1, Hkv, D)[start:start + span]
         v_all = value_cache[blocks].reshape(-1, Hkv, D)[start:start + span]
         for h in range(Hkv):
-            k = k_all[:, h].to(torch.float64)
-            v = v_all[:, h].to(torch.float64)
+            k = k_all[:, h].to(torch.float64) * ks
+            v = v_all[:, h].to(torch.float64) * vs
             for c0 in range(0, ql, _QUERY_CHUNK):
                 c1 = min(ql, c0 + _QUERY_CHUNK)
                 qpos = torch.arange(L - ql + c0, L - ql + c1)
@@ -377,6 +434,8 @@ def paged_attention(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch
                 m = torch.maximum(s.amax(dim=-1, keepdim=True), sk)
                 p = torch.exp(s - m)
                 denom = p.sum(dim=-1, keepdim=True) + torch.exp(sk - m)
+                if round_p:
+                    p = p.to(torch.bfloat16).to(torch.float64)
                 o = ((p / denom).reshape(G * (c1 - c0), -1) @ v).view(G, c1 - c0, D).transpose(0, 1)
                 out[q0 + c0:q0 + c1, h * G:(h + 1) * G] = o.to(torch.bfloat16)
     return (out,)
@@ -416,10 +475,56 @@ def context_lengths_of(batch: int, dims: dict, seed: int) -> list[int]:
     return out
 
 
+# Query lengths a prefill batch includes first (the regime's lengths around the 32-token Q tile and the
+# 64-key block): 1 goes to the decode tier inside a prefill batch.
+PREFILL_ODD_LENGTHS = (1, 63, 65, 127, 129)
+
+
+def prefill_batch_of(tokens: int, dims: dict, seed: int) -> tuple[list[int], list[int]]:
+    """(q_lens, seq_lens) of a seeded prefill / chunked-prefill batch of `tokens` query rows:
+    dims["prefill_sequences"] sequences share tokens - decode_sequences new tokens, the first ones taking
+    PREFILL_ODD_LENGTHS (seeded order) while they fit, the others a seeded uneven split of the rest; each
+    prefill sequence has a cached prefix from dims["cached_prefix"] (cycled from a seeded start; 0 = none);
+    dims["decode_sequences"] decode sequences (q_len 1, context lengths from dims["context_lengths"] up to
+    LONG_CONTEXT) sit between them (fewer of both when `tokens` is too small). dims["prefill_uniform"] (benchmarks): equal lengths, cached_prefix[0]."""
+    S = int(dims["prefill_sequences"])
+    D = int(dims.get("decode_sequences", 0))
+    prefixes = [int(p) for p in dims.get("cached_prefix", [0])]
+    contexts = [int(n) for n in dims.get("context_lengths", CONTEXT_LENGTHS) if int(n) <= LONG_CONTEXT] or [1]
+    if S < 1 or D < 0 or tokens < 1:
+        raise ValueError(f"dims: {S} prefill and {D} decode sequences, {tokens} query rows")
+    D = min(D, (tokens - 1) // 2)  # a batch too small for the layout keeps fewer sequences
+    S = min(S, tokens - D)
+    new = tokens - D
+    if dims.get("prefill_uniform"):  # benchmarks: S equal sequences (the last takes the remainder), one prefix
+        q_lens = [new // S] * (S - 1) + [new - (new // S) * (S - 1)]
+        return q_lens + [1] * D, [q + prefixes[0] for q in q_lens] + [contexts[0]] * D
+    gen = torch.Generator().manual_seed(seed)
+    odd = [PREFILL_ODD_LENGTHS[i] for i in torch.randperm(len(PREFILL_ODD_LENGTHS), generator=gen).tolist()]
+    q_lens: list[int] = []
+    left = new
+    for n in odd[:S - 1]:
+        if n + (S - len(q_lens) - 1) * 2 <= left:  # the others keep at least 2 rows each
+            q_lens.append(n)
+            left -= n
+    rest = S - len(q_lens)
+    cuts = sorted(torch.randperm(left - 1, generator=gen)[:rest - 1].add(1).tolist()) if rest > 1 else []
+    q_lens += [b - a for a, b in zip([0] + cuts, cuts + [left])]
+    start = int(torch.randint(0, len(prefixes), (1,), generator=gen))
+    seq_lens = [q + prefixes[(start + i) % len(prefixes)] for i, q in enumerate(q_lens)]
+    for j in range(D):  # decode sequences spread through the batch
+        at = (j * (S + j)) // max(D, 1) + j
+        L = contexts[int(torch.randint(0, len(contexts), (1,), generator=gen))]
+        q_lens.insert(at, 1)
+        seq_lens.insert(at, L)
+    return q_lens, seq_lens
+
+
 def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens: list[int] | None = None,
                                  q_lens: list[int] | None = None) -> dict:
     """Seeded inputs of one batch, vLLM's layouts. Default: a decode batch of `tokens` sequences (q_len 1)
-    with context lengths from context_lengths_of(); `seq_lens` / `q_lens` give any mixed batch.
+    with context lengths from context_lengths_of(); dims with "prefill_sequences" give a prefill batch
+    (prefill_batch_of); `seq_lens` / `q_lens` give any mixed batch.
 
     The cache holds only the blocks the batch uses plus ~1/8 more, in a seeded shuffled order (block ids
     are not contiguous and no block serves two sequences). Unused blocks, the slots past each sequence's
@@ -433,6 +538,8 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
     window = int(dims.get("sliding_window", 0))
     if D != HEAD_DIM or Hq % Hkv:
         raise ValueError(f"dims: head_dim must be {HEAD_DIM} and query_heads a multiple of kv_heads: {dims}")
+    if seq_lens is None and "prefill_sequences" in dims:
+        q_lens, seq_lens = prefill_batch_of(tokens, dims, seed)
     if seq_lens is None:
         seq_lens = context_lengths_of(tokens, dims, seed)
     q_lens = [1] * len(seq_lens) if q_lens is None else list(q_lens)
@@ -473,6 +580,25 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
             "sinks": sinks, "sliding_window": window}
 
 
+# fp8 tier scales: not powers of two, so a kernel that drops or misplaces one fails; N(0, 1) values beyond
+# 4.5 (k) / 4 (v) saturate to +-448.
+FP8_K_SCALE = 4.5 / FP8_MAX
+FP8_V_SCALE = 4.0 / FP8_MAX
+
+
+def build_paged_attention_fp8_inputs(tokens: int, dims: dict, seed: int, **kw) -> dict:
+    """build_paged_attention_inputs with the cache on the fp8 tier: every slot (values and garbage alike)
+    becomes e4m3(x / scale) (`quantize_fp8`: garbage NaN stays the NaN code, +-65504 and the noise saturate to
+    +-448), k_scale = 4.5 / 448 and v_scale = 4 / 448 fp32 [1]."""
+    inputs = build_paged_attention_inputs(tokens, dims, seed, **kw)
+    k_scale = torch.tensor([FP8_K_SCALE], dtype=torch.float32)
+    v_scale = torch.tensor([FP8_V_SCALE], dtype=torch.float32)
+    inputs["key_cache"] = quantize_fp8(inputs["key_cache"], k_scale)
+    inputs["value_cache"] = quantize_fp8(inputs["value_cache"], v_scale)
+    inputs.update(k_scale=k_scale, v_scale=v_scale)
+    return inputs
+
+
 def pad_paged_attention(inputs: dict, real: int) -> dict:
     """A decode batch run at a larger capture size, as vLLM pads it: sequences real.. become padding
     (q_len 0, seq_len 0; cu_seqlens_q repeats its last value) and query rows real.. belong to no one."""
@@ -505,6 +631,9 @@ def sub_batch_paged_attention(inputs: dict, rows: list[int]) -> tuple[dict, list
 
 OPS = OPS + (
     Op("paged_attention", paged_attention, build_paged_attention_inputs,
+       lambda outputs: (outputs[0].float(),), ("out",), PAGED_COSINE_MIN, ("q",),
+       pad_inputs=pad_paged_attention, sub_batch=sub_batch_paged_attention),
+    Op("paged_attention_fp8", paged_attention_fp8, build_paged_attention_fp8_inputs,
        lambda outputs: (outputs[0].float(),), ("out",), PAGED_COSINE_MIN, ("q",),
        pad_inputs=pad_paged_attention, sub_batch=sub_batch_paged_attention),
 )

@@ -1,4 +1,4 @@
-"""One gpt-oss-120b decoder layer (TP1), composed from the per-op references only: no numerics of its own.
+"""One gpt-oss-120b decoder layer (TP1; TP8 shards at the end) from the per-op references only: no numerics of its own.
 
 decoder_layer(hidden, residual, weights, batch, key_cache, value_cache, layer_idx) -> (hidden, residual)
 calls, in vLLM's order (vllm/model_executor/models/gpt_oss.py; the step-by-step map is kernels/LAYER.md):
@@ -22,6 +22,21 @@ Weights (`build_layer_weights`): the checkpoint's formats at the real dims, seed
   router_weight bf16 [128, 2880] ~ N(0, 1/2880), router_bias bf16 [128] ~ N(0, 0.25);
   w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias: MXFP4 experts in the checkpoint layout
   (references.moe's expert weights, the MoE checks' model).
+
+Chain bound (what a kernel chain must reach against this reference chain; harness/test_layer.py asserts it,
+harness/layer_bound.py derives it). Each kernel is held to its op's tolerance on its own inputs; along the
+chain the kernel chain and this reference chain part where a kernel rounds where its reference does not, and
+every later MXFP8 quantization (the O projection's input, the MoE's input and intermediate) turns a last-bit
+input change into whole E4M3 steps on some codes. The decode chain's one such rounding point is the
+attention's P rounded to bf16 before P V (references.attention.paged_attention_p_bf16 puts it back in the
+reference; every other kernel matches its reference to cosine 1.0000000 on its own inputs); at TP8 also the
+O projection's and the MoE's per-rank partials rounded to bf16 and summed in rank order (run_layer_ranks
+composes them from the same references). The bound on 1 - cosine is max + 3 std over seeds of that modelled
+chain against this one (harness/layer_bound.py prints the samples), separately for the layer output (over
+the rows whose experts both chains chose alike) and the residual stream. A rounding may swap two near-tied
+experts: the router's top-k is discontinuous, so a swapped row's output has no cosine bound; instead the
+swap must be explained by the router inputs' difference (|logit gap| <= the two logits' moves under that
+difference plus one bf16 ulp each, exact per row: harness/layer_bound.unexplained_flips).
 
 Decode batches (`build_decode_run`): B real sequences with context lengths `contexts` (keys already in the
 cache) run `steps` decode steps at a capture size T >= B; step s writes the key/value of position
@@ -144,3 +159,61 @@ def decoder_layer(hidden: torch.Tensor, residual: torch.Tensor | None, weights: 
     (out,) = moe.moe_mxfp4_gptoss(h, topk_weights, topk_ids, w["w13_blocks"], w["w13_scales"], w["w13_bias"],
                                   w["w2_blocks"], w["w2_scales"], w["w2_bias"])
     return out, residual
+
+
+# ---- tensor parallelism (vLLM's cuts; the TP8 chain in regimes/gpt_oss_120b.toml runs on these) ----------
+
+def shard_layer_weights(weights: dict, tp_rank: int, tp_size: int = 8) -> dict:
+    """Rank tp_rank's slice of one layer's weights, as vLLM's gpt-oss loader cuts them (new tensors, not views):
+    - qkv (QKVParallelLinear): the rows of the rank's Hq/tp query heads, then of its Hkv/tp KV heads' k and v
+      (rows q [4096/tp r, ..), k [4096 + 512/tp r, ..), v [4608 + 512/tp r, ..)), with their scale rows and
+      bias entries;
+    - o (RowParallelLinear): the input columns of its query heads and their scale columns; the bias on rank 0
+      only (vLLM adds it there: the other ranks get zeros, which add nothing);
+    - sinks: its query heads';
+    - MoE: references.moe.shard_columns's 32-column blocks of the intermediate dim (w13 rows 2 start .. 2 end,
+      w2 columns and scale blocks; the w2 bias whole, added by rank 0: moe_rank_reference);
+    - norms, router, cos_sin_cache: whole on every rank."""
+    if tp_size < 1 or QUERY_HEADS % tp_size or KV_HEADS % tp_size or not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank {tp_rank} / tp_size {tp_size}: the heads ({QUERY_HEADS}, {KV_HEADS}) do not shard")
+    w = weights
+    hq, hkv = QUERY_HEADS // tp_size, KV_HEADS // tp_size
+    q0, k0 = QUERY_HEADS * HEAD_DIM, (QUERY_HEADS + KV_HEADS) * HEAD_DIM
+    rows = torch.cat([torch.arange(hq * HEAD_DIM) + tp_rank * hq * HEAD_DIM,
+                      q0 + torch.arange(hkv * HEAD_DIM) + tp_rank * hkv * HEAD_DIM,
+                      k0 + torch.arange(hkv * HEAD_DIM) + tp_rank * hkv * HEAD_DIM])
+    cols = slice(tp_rank * hq * HEAD_DIM, (tp_rank + 1) * hq * HEAD_DIM)
+    scols = slice(cols.start // 32, cols.stop // 32)
+    out = {k: w[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias", "cos_sin_cache")}
+    out.update(qkv=w["qkv"][rows].clone(), qkv_scales=w["qkv_scales"][rows].clone(),
+               qkv_bias=w["qkv_bias"][rows].clone(),
+               o=w["o"][:, cols].contiguous(), o_scales=w["o_scales"][:, scols].contiguous(),
+               o_bias=w["o_bias"].clone() if tp_rank == 0 else torch.zeros_like(w["o_bias"]),
+               sinks=w["sinks"][tp_rank * hq:(tp_rank + 1) * hq].clone())
+    start, end = moe.shard_columns(INTERMEDIATE, tp_size, tp_rank)
+    mrows = torch.arange(2 * start, 2 * end)
+    out.update(w13_blocks=w["w13_blocks"][:, mrows].contiguous(), w13_scales=w["w13_scales"][:, mrows].contiguous(),
+               w13_bias=w["w13_bias"][:, mrows].contiguous(),
+               w2_blocks=w["w2_blocks"][:, :, start // 2:end // 2].contiguous(),
+               w2_scales=w["w2_scales"][:, :, start // 32:end // 32].contiguous(), w2_bias=w["w2_bias"])
+    return out
+
+
+def shard_cache(cache: torch.Tensor, tp_rank: int, tp_size: int = 8) -> torch.Tensor:
+    """Rank tp_rank's KV cache: its KV heads of [num_blocks, 64, Hkv, 64] (a new tensor)."""
+    hkv = cache.shape[2] // tp_size
+    return cache[:, :, tp_rank * hkv:(tp_rank + 1) * hkv].contiguous()
+
+
+def moe_rank_reference(rank: int):
+    """The MoE reference on rank `rank`'s slice (shard_layer_weights): the slice is a checkpoint of its own
+    columns (tp_size 1), the w2 bias added on rank 0 only -> the same partial as moe_mxfp4_gptoss(..., the
+    whole checkpoint, tp_size, rank)."""
+    def reference(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias,
+                  tp_size=1, tp_rank=0):
+        if tp_rank != rank:
+            raise ValueError(f"tp_rank: {tp_rank}, this reference is rank {rank}'s")
+        return moe.moe_mxfp4_gptoss(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
+                                    w2_scales, w2_bias if rank == 0 else None)
+
+    return reference

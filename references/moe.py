@@ -81,11 +81,13 @@ FP4_VALUES = torch.tensor(
 )
 
 
+# byte -> (value of its low nibble, value of its high nibble): one lookup per byte, no per-nibble temporaries
+_BYTE_VALUES = torch.stack((FP4_VALUES[torch.arange(256) & 0xF], FP4_VALUES[torch.arange(256) >> 4]), dim=1)
+
+
 def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """uint8 [..., K/2] (low nibble = even k) and E8M0 uint8 [..., K/32] -> fp32 [..., K] (exact)."""
-    lo = FP4_VALUES[(blocks & 0xF).long()]
-    hi = FP4_VALUES[(blocks >> 4).long()]
-    vals = torch.stack((lo, hi), dim=-1).reshape(*blocks.shape[:-1], blocks.shape[-1] * 2)
+    vals = _BYTE_VALUES[blocks.int()].reshape(*blocks.shape[:-1], blocks.shape[-1] * 2)
     scale = torch.ldexp(torch.ones(scales.shape), scales.float() - 127)
     scale = torch.where(scales == 255, torch.nan, scale)  # E8M0 255 is NaN (OCP MX), not 2^128
     k = vals.shape[-1]
@@ -166,10 +168,15 @@ def moe_mxfp4_swiglu(x, topk_weights, topk_ids, w13_blocks, w13_scales, w2_block
                 "swiglu", 1, 0)
 
 
+def router_logits(x, router_weight, router_bias) -> torch.Tensor:
+    """The bf16 router logits moe_route_softmax_topk ranks, as fp32 [tokens, E]."""
+    return (x.float() @ router_weight.float().T + router_bias.float()).to(torch.bfloat16).float()
+
+
 def moe_route_softmax_topk(x, router_weight, router_bias, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16 [tokens, h], router_weight bf16 [E, h], router_bias bf16 [E]
     -> (topk_weights fp32 [tokens, k], topk_ids int32 [tokens, k])."""
-    logits = (x.float() @ router_weight.float().T + router_bias.float()).to(torch.bfloat16).float()
+    logits = router_logits(x, router_weight, router_bias)
     experts = logits.shape[1]
     # Stable order: larger logit first, then lower expert id (a stable sort of -logit keeps id order).
     order = torch.sort(-logits, dim=1, stable=True).indices[:, :top_k]
@@ -206,8 +213,8 @@ def _weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> 
     def blocks(n, k):
         return torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
 
-    def scales(n, k, byte):
-        return (byte + torch.randint(-1, 2, (experts, n, k // MX_BLOCK), generator=gen)).to(torch.uint8)
+    def scales(n, k, byte):  # byte - 1 .. byte + 1, drawn as uint8 (an int64 draw is 8x the bytes)
+        return torch.randint(byte - 1, byte + 2, (experts, n, k // MX_BLOCK), dtype=torch.uint8, generator=gen)
 
     w = {
         "w13_blocks": blocks(two_i, hidden),

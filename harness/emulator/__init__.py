@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 from . import runtime, shim
 from .engine import LaunchError, LaunchRecord, SanitizerReport
@@ -31,16 +30,6 @@ __all__ = ["install", "available", "wanted", "launches", "options", "guard", "La
 _KEEP = object()
 
 _installed = False
-
-
-def wanted() -> bool:
-    """Use the emulator when asked to (AMD_KERNELS_DEVICE=emulator) or when there is no AMD GPU."""
-    dev = os.environ.get("AMD_KERNELS_DEVICE", "").lower()
-    if dev == "emulator":
-        return True
-    if dev in ("gpu", "hardware", "rocm"):
-        return False
-    return not Path("/dev/kfd").exists()
 
 
 def available() -> bool:

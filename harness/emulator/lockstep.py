@@ -117,6 +117,12 @@ def _runs(group, regs):
     return [(r, _Batch(regs, r) if len(r) > 1 else None) for r in out]
 
 
+def batches(waves):
+    """For a handler's group form: the waves in slot order, as runs of consecutive register slots, each
+    (waves, _Batch over them, or None for a run of one wave)."""
+    return _runs(sorted(waves, key=_slot), waves[0].v.base)
+
+
 def _same_exec(waves):
     lo, hi = waves[0].s[EXEC_LO], waves[0].s[EXEC_HI]
     for w in waves:

@@ -14,6 +14,7 @@ live storages (plus any storage a guarded call created earlier and that is still
 from __future__ import annotations
 
 import ctypes
+import sys
 import weakref
 
 import numpy as np
@@ -30,6 +31,14 @@ _FRESH = {
 }
 # storages created by any guarded call and still alive (cached workspaces stay reachable in later calls)
 _created_anywhere: dict[int, tuple] = {}
+
+
+def _in_warm_up() -> bool:
+    """Inside an amd_kernels warm-up (a lazy one runs inside the guarded call): its tensors are compile
+    examples no launch reads, so they are not recorded (poisoning them would touch every page: 1.7 GB for
+    the TP1 MoE's example weights)."""
+    watch = sys.modules.get("amd_kernels.compile_watch")
+    return watch is not None and watch.in_warm_up()
 
 
 class _Storage:
@@ -87,6 +96,8 @@ class MemoryGuard(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.namespace == "aten" and _in_warm_up():
+            return func(*args, **kwargs)
         if func.namespace != "aten":
             # a custom op: run its implementation with this mode active so its allocations are seen
             with self:

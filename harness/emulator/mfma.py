@@ -453,17 +453,16 @@ def fast_executor(mnemonic: str, mods: dict):
         B = decode_many(np.ascontiguousarray(b[:, :nb], np.uint32).view(np.uint8).reshape(nw, -1), fb,
                         plan_b).reshape(nw, K, N)
         C = np.ascontiguousarray(c[:, :nc], np.uint32).reshape(nw, -1).take(perm_c, axis=1).reshape(nw, M, N)
-        P = np.empty((nw, M, N), np.float64)
         if scaled:
+            # run's scaled operands for every wave at once: exact products (powers of two), C-ordered as
+            # run's are, so each wave's (M, K) and (K, N) slice has run's memory layout
             da = e8m0.take((np.asarray(scale_a, np.uint32) >> sh_a) & 0xFF)
             db = e8m0.take((np.asarray(scale_b, np.uint32) >> sh_b) & 0xFF)
-            for k in range(nw):         # run's operands, built the same way (same memory layouts)
-                SA = da[k].reshape(nblk, M).take(kblk, axis=0).T
-                SB = db[k].reshape(nblk, N).take(kblk, axis=0)
-                P[k] = (A[k] * SA) @ (B[k] * SB)
-        else:
-            for k in range(nw):
-                P[k] = A[k] @ B[k]
+            A = np.ascontiguousarray(A * da.reshape(nw, nblk, M).take(kblk, axis=1).transpose(0, 2, 1))
+            B = np.ascontiguousarray(B * db.reshape(nw, nblk, N).take(kblk, axis=1))
+        # one 2-D product per wave with run's operand layouts (numpy's stacked matmul calls the same gemm per
+        # slice): the same bits as run (tests/test_mfma.py::test_fast_path_many_is_run_per_wave)
+        P = np.matmul(A, B)
         D = P + C.view(np.float32).astype(np.float64)
         return D.astype(np.float32).view(np.uint32).reshape(nw, -1).take(d_index, axis=1)
     run.many = many

@@ -86,23 +86,45 @@ def build_mfma(inst, ctx):
             w.v[drow: drow + c_regs] = d     # MFMA writes every lane regardless of EXEC
             counters.mfma[name] += 1
 
+        def rows_of(op, n):
+            """(regs, slots) -> (waves, n, 64) of a VGPR/AGPR operand straight from the batch's register
+            file, None for another kind (then each wave's reader)."""
+            if op.kind in ("v", "a"):
+                r = row_of(op, acc)
+                return lambda regs, idx: regs[idx, r: r + n]
+            return None
+
+        ga, gb, gc = rows_of(ops[1], a_regs), rows_of(ops[2], b_regs), rows_of(ops[3], c_regs)
+        if scaled:
+            gx = (lambda regs, idx, r=row_of(ops[4], acc): regs[idx, r]) if ops[4].kind in ("v", "a") else None
+            gy = (lambda regs, idx, r=row_of(ops[5], acc): regs[idx, r]) if ops[5].kind in ("v", "a") else None
+
         def group(waves):
-            """Lockstep (lockstep.py): the group's MFMAs decoded and scaled in one pass (fast.many)."""
-            A = np.stack([ra(w) for w in waves])
-            B = np.stack([rb(w) for w in waves])
-            C = np.stack([np.broadcast_to(rc(w), (c_regs, WAVE)) for w in waves])
+            """Lockstep (lockstep.py): the group's MFMAs decoded and scaled in one pass (fast.many), the
+            operands gathered from the batch's register file (each wave's w.v is its row of it)."""
+            regs = waves[0].v.base
+            idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+
+            def get(g, reader, shape):
+                if g is not None:
+                    return g(regs, idx)
+                return np.stack([np.broadcast_to(reader(w), shape) for w in waves])
+            A = get(ga, ra, (a_regs, WAVE))
+            B = get(gb, rb, (b_regs, WAVE))
+            C = get(gc, rc, (c_regs, WAVE))
             if scaled:
-                x = np.stack([np.broadcast_to(sa(w), (WAVE,)) for w in waves])
-                y = np.stack([np.broadcast_to(sb(w), (WAVE,)) for w in waves])
-                d = fast.many(A, B, C, x, y)
+                d = fast.many(A, B, C, get(gx, sa, (WAVE,)), get(gy, sb, (WAVE,)))
             else:
                 d = fast.many(A, B, C)
             if d is None:
                 for w in waves:
-                    h(w)
+                    try:
+                        h(w)
+                    except Exception as e:
+                        e.wave = w          # lockstep names the wave in its report
+                        raise
                 return
-            for k, w in enumerate(waves):
-                w.v[drow: drow + c_regs] = d[k]
+            regs[idx, drow: drow + c_regs] = d      # MFMA writes every lane regardless of EXEC
             counters.mfma[name] += len(waves)
         h.group = group
         return h
@@ -139,4 +161,29 @@ def build_cvt(inst, ctx):
         else:
             for i in range(dst_dw):
                 store_row(w, drow + i, res[i], m)
+    if base not in LANEWISE_CVT:
+        return h
+    vrows = [row_of(o, acc) if o.kind in ("v", "a") else None for o in srcs]
+
+    def group(waves):
+        """Lockstep (lockstep.py): one conversion over (waves, 64) (a LANEWISE_CVT handler computes each
+        lane from that lane alone), each wave's result stored under its own EXEC."""
+        regs = waves[0].v.base
+        idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+        args = [regs[idx, r] if r is not None else np.stack([rd(w) for w in waves])
+                for r, rd in zip(vrows, readers)]
+        old = regs[idx, drow]
+        res = numerics.execute_cvt(base, args, old, mods)
+        for k, w in enumerate(waves):
+            store_row(w, drow, res[k], exec_mask(w))
+    h.group = group
     return h
+
+
+# Conversions whose result in a lane depends on that lane's sources only (one-dword sources and result): they
+# run over a (waves, 64) array as over (64,) (tests/test_lockstep_ops.py::test_lanewise_conversions).
+LANEWISE_CVT = frozenset((
+    "v_cvt_f32_bf8", "v_cvt_f32_fp8", "v_cvt_pk_bf16_f32", "v_cvt_pk_bf8_f32", "v_cvt_pk_fp8_f32",
+    "v_cvt_scalef32_f16_bf8", "v_cvt_scalef32_f16_fp8", "v_cvt_scalef32_f32_bf8", "v_cvt_scalef32_f32_fp8",
+    "v_cvt_scalef32_pk_bf8_f32", "v_cvt_scalef32_pk_fp4_f32", "v_cvt_scalef32_pk_fp8_f32",
+    "v_cvt_scalef32_sr_bf8_f32", "v_cvt_scalef32_sr_fp8_f32", "v_cvt_sr_bf8_f32", "v_cvt_sr_fp8_f32"))

@@ -124,6 +124,16 @@ def _check(w, a, nbytes, act, what, read, write):
         s.mem.check(a, nbytes, act, what, read, write)      # a bool `act` becomes lane numbers there
 
 
+def _one_by_one(h, waves):
+    """Run a handler wave by wave in the group's order (lockstep's fallback); an exception names its wave."""
+    for w in waves:
+        try:
+            h(w)
+        except Exception as e:
+            e.wave = w
+            raise
+
+
 def _lds_idx(addrs, nbytes):
     return (np.asarray(addrs, np.int64)[:, None] + np.arange(nbytes)).ravel()
 
@@ -327,6 +337,32 @@ class BufferAddress:
         off += soff
         return off
 
+    def all_in_range_many(self, waves, nbytes):
+        """all_in_range for a lockstep group at once: ((waves, 64) int64 addresses, (waves,) bool), the
+        flag True where the wave has every lane active and all_in_range would return those addresses."""
+        n = len(waves)
+        if self.idxen or not self.offen:
+            return None, np.zeros(n, bool)
+        rs = self.rsrc
+        ex, base, soff, limit = [], [], [], []
+        for w in waves:
+            s = w.s
+            d1 = s[rs + 1]
+            ex.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF and not (d1 >> 16) & 0x3FFF)
+            so = self.soff(w)
+            soff.append(so)
+            base.append((s[rs] | ((d1 & 0xFFFF) << 32)) + so)
+            limit.append(s[rs + 2] - so)
+        regs = waves[0].v.base
+        idx = np.fromiter((w.slot for w in waves), np.intp, n)
+        off = regs[idx, self.vrow].astype(np.int64)
+        if self.inst_offset:
+            off += self.inst_offset
+        ndw = max(1, nbytes // 4)
+        ok = np.array(ex) & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= np.array(limit, np.int64))
+        off += np.array(base, np.int64)[:, None]
+        return off, ok
+
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
         ndw = max(1, nbytes // 4)
@@ -444,37 +480,84 @@ def build_buffer(inst, ctx):
             _deliver(w, "vm", dmask, apply)
 
         def group(waves):
-            """Lockstep (lockstep.py): the waves whose every lane is active and in range read in one gather,
-            one memory check and one counter update (the same bytes, checks and counts as one by one); the
-            others take h. Each wave's registers are still delivered through its own queue."""
-            fast, addrs = [], []
-            for w in waves:
-                s_ = w.s
-                a = ba.all_in_range(w, nbytes) if s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF else None
-                if a is None:
-                    h(w)
-                else:
+            """Lockstep (lockstep.py): the group's loads in one gather, one memory check and one counter
+            update: the same bytes, checks and counts as wave by wave. Waves whose every lane is active and
+            in range read whole; the others (lanes outside EXEC or the buffer's bounds) read as h does,
+            zero-filling the out-of-range dwords. The memory check runs first and only as a whole: if it
+            reports, nothing has happened yet and the waves rerun one by one in the group's order, so the
+            report is the first wave's, as alone. Each wave's registers are still delivered through its
+            own queue."""
+            fast, part = [], []
+            many, whole = ba.all_in_range_many(waves, nbytes)
+            for w, f in zip(waves, whole.tolist()):
+                if f:
                     fast.append(w)
-                    addrs.append(a)
-            if not fast:
-                return
-            a = np.concatenate(addrs) if len(addrs) > 1 else addrs[0]
-            if fast[0].san is not None and fast[0].san.mem is not None:
+                else:
+                    s_ = w.s
+                    full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
+                    act = _ALL if full else _active(w)
+                    addr, ok = ba.in_range(w, nbytes)
+                    part.append((w, act, addr, ok))
+            a = (many.reshape(-1) if not part else many[whole].reshape(-1)) if fast else None
+            if part:
+                P = len(part)
+                A = np.stack([p[2] for p in part]) if P > 1 else part[0][2][None]      # (P, 64) int64
+                OK = np.stack([p[3] for p in part]) if P > 1 else part[0][3][None]     # (P, 64, ndw)
+                if all(p[1] is _ALL for p in part):
+                    eff, whole = OK, OK.all(axis=(1, 2))
+                else:
+                    ACT = np.stack([p[1] for p in part])[:, :, None]
+                    eff, whole = OK & ACT, (OK | ~ACT).all(axis=(1, 2))
+                # eff: the dwords read (active, in range); whole: h's okl.all() (checked as whole accesses)
+                lane_ok = eff.any(axis=2)                                            # (P, 64)
+            mem = waves[0].san.mem if waves[0].san is not None else None
+            if mem is not None:
                 try:
-                    fast[0].san.mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(fast)), inst.mnemonic, True, False)
+                    if fast:
+                        mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(fast)), inst.mnemonic, True, False)
+                    if part:
+                        # whole where every active lane's every dword is in range (h checks those whole),
+                        # else each in-range dword (what h checks, or finds clean)
+                        if whole.any():
+                            sel = lane_ok & whole[:, None]
+                            mem.check(A[sel], nbytes, np.nonzero(sel)[1], inst.mnemonic, True, False)
+                        if not whole.all():
+                            pw = eff & ~whole[:, None, None]
+                            for j in range(ndw):
+                                sel = pw[:, :, j]
+                                if sel.any():
+                                    mem.check(A[sel] + 4 * j, min(4, nbytes), np.nonzero(sel)[1], inst.mnemonic,
+                                              True, False)
                 except Exception:
-                    for w, x in zip(fast, addrs):     # the report of the first wave that has one, as alone
-                        try:
-                            _check(w, x, nbytes, _ALL, inst.mnemonic, True, False)
-                        except Exception as e:
-                            e.wave = w
-                            raise
+                    _one_by_one(h, waves)       # as alone: the first wave with a report raises it
+                    return
+            got = {}
+            if fast:
+                data = mem_read(a, nbytes)
+                counters.global_load(a, nbytes)
+                for n, w in enumerate(fast):
+                    got[id(w)] = (data[n * WAVE: (n + 1) * WAVE], _ALL)
+            if part:
+                safe = np.where(lane_ok, A, SAFE_ADDR)
+                data = mem_read(safe.reshape(-1), nbytes).reshape(P, WAVE, ndw, -1)
+                if not eff.all():
+                    data = np.where(eff[:, :, :, None], data, 0).astype(np.uint8)
+                data = data.reshape(P, WAVE, nbytes)
+                counters.global_load(A[lane_ok], nbytes)
+                for n, (w, act, _, _) in enumerate(part):
+                    got[id(w)] = (data[n], act) if act is _ALL else \
+                        ((data[n][act], act) if act.any() else None)
+            for w in waves:                     # in the group's order, as alone (a missing wait reports)
+                x = got[id(w)]
+                try:
+                    if x is None:
+                        _deliver(w, "vm", dmask, None)
+                    else:
+                        _deliver(w, "vm", dmask, lambda w=w, d=x[0], act=x[1]: _bytes_to_rows(
+                            w, row, d, act, nbytes, sext, d16))
+                except Exception as e:
+                    e.wave = w
                     raise
-            data = mem_read(a, nbytes)
-            counters.global_load(a, nbytes)
-            for n, w in enumerate(fast):
-                d = data[n * WAVE: (n + 1) * WAVE]
-                _deliver(w, "vm", dmask, lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16))
         h.group = group
         return h
 
@@ -514,6 +597,37 @@ def build_buffer(inst, ctx):
         if len(a):
             mem_write(a, data)
             counters.global_store(a, nbytes)
+
+    def group(waves):
+        """Lockstep (lockstep.py): when every wave of the group has every lane active and in range, one
+        memory check, one scatter (waves in the group's order, so a later wave wins where two overlap, as
+        one by one) and one counter update; otherwise wave by wave. A memory report (out of bounds: found
+        before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
+        many, whole = ba.all_in_range_many(waves, nbytes)
+        if not whole.all():
+            _one_by_one(h, waves)
+            return
+        a = many.reshape(-1)
+        mem = waves[0].san.mem if waves[0].san is not None else None
+        if mem is not None:
+            try:
+                mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(waves)), inst.mnemonic, False, True)
+            except Exception:
+                _one_by_one(h, waves)
+                return
+        for w in waves:
+            if w.san is not None:
+                w.san.issue("vm", 0, None)
+        regs = waves[0].v.base
+        idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+        if shift_hi:
+            data = (regs[idx, drow] >> U32(16)).reshape(-1).view(np.uint8).reshape(-1, 4)[:, :nbytes]
+        else:
+            nd = (nbytes + 3) // 4
+            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8).reshape(-1, nd * 4)[:, :nbytes]
+        mem_write(a, data)
+        counters.global_store(a, nbytes)
+    h.group = group
     return h
 
 

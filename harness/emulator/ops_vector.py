@@ -248,6 +248,9 @@ def _carry_op(inst, ctx, base, enc):
     return h
 
 
+_ALL_LANES = np.ones(WAVE, bool)
+
+
 def _cndmask(inst, ctx, base, enc):
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
@@ -268,6 +271,22 @@ def _cndmask(inst, ctx, base, enc):
         if dpp is not None:
             m = dpp.mask(w, m)
         write(w, v, m)
+    if dpp is not None or enc == "sdwa":
+        return h
+
+    def group(waves):
+        """Lockstep (lockstep.py): the select over each run's (waves, 64) registers at once, each wave's
+        condition and EXEC its own."""
+        from .lockstep import batches
+        for run, b in batches(waves):
+            if b is None:
+                h(run[0])
+                continue
+            c = np.stack([lane_mask(cond(w)) for w in run])
+            ms = [exec_mask(w) for w in run]
+            m = None if all(x is None for x in ms) else np.stack([_ALL_LANES if x is None else x for x in ms])
+            write(b, np.where(c, r1(b), r0(b)), m)
+    h.group = group
     return h
 
 
@@ -474,16 +493,32 @@ def build_vopc(inst, ctx, base, enc):
     wr = scalar_writer(sdst, 64) if sdst is not None else None
     r0, r1 = readers
 
-    def h(w):
-        ex = w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)
-        res = np.broadcast_to(fn(r0(w), r1(w)), (WAVE,))
-        bits = pack_mask(res) & ex
+    def put(w, bits):
         if wr is not None:
             wr(w, bits)
         elif not is_x:
             w.s[106], w.s[107] = bits & 0xFFFFFFFF, bits >> 32
         if is_x:
             w.s[EXEC_LO], w.s[EXEC_HI] = bits & 0xFFFFFFFF, bits >> 32
+
+    def h(w):
+        ex = w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)
+        res = np.broadcast_to(fn(r0(w), r1(w)), (WAVE,))
+        put(w, pack_mask(res) & ex)
+
+    def group(waves):
+        """Lockstep (lockstep.py): the compare over each run's (waves, 64) registers at once; each wave's
+        mask written to its own SGPRs."""
+        from .lockstep import batches
+        for run, b in batches(waves):
+            if b is None:
+                h(run[0])
+                continue
+            res = np.broadcast_to(fn(r0(b), r1(b)), (len(run), WAVE))
+            packed = np.packbits(res, axis=1, bitorder="little").view(np.uint64)[:, 0].tolist()
+            for w, bits in zip(run, packed):
+                put(w, bits & (w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)))
+    h.group = group
     return h
 
 

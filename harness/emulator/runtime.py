@@ -25,6 +25,7 @@ HIP_LAUNCH_PARAM_BUFFER_POINTER, HIP_LAUNCH_PARAM_BUFFER_SIZE, HIP_LAUNCH_PARAM_
 _lock = threading.RLock()
 _modules: dict[int, CodeObject] = {}
 _functions: dict[int, tuple[int, str]] = {}
+_function_of: dict[tuple[int, str], int] = {}  # (module, kernel) -> handle: FlyDSL asks on every launch
 _programs: dict[tuple[str, int], tuple[Program, CounterProxy]] = {}
 _next_handle = [1]
 _pending_error: list[BaseException] = []
@@ -52,16 +53,19 @@ def load_module(image_ptr: int) -> int:
 
 
 def get_function(module: int, name: bytes) -> int:
-    co = _modules.get(module)
     kname = name.decode()
+    h = _function_of.get((module, kname))
+    if h is not None:
+        return h
+    co = _modules.get(module)
     if co is None or kname not in co.kernels:
         return 0
     with _lock:
-        for h, (m, k) in _functions.items():
-            if m == module and k == kname:
-                return h
-        h = _new_handle()
-        _functions[h] = (module, kname)
+        h = _function_of.get((module, kname))
+        if h is None:
+            h = _new_handle()
+            _functions[h] = (module, kname)
+            _function_of[(module, kname)] = h
     return h
 
 
@@ -69,7 +73,7 @@ def unload(module: int) -> None:
     with _lock:
         _modules.pop(module, None)
         for h in [h for h, (m, _) in _functions.items() if m == module]:
-            del _functions[h]
+            _function_of.pop(_functions.pop(h), None)
 
 
 def program_for(co: CodeObject, kernel_name: str) -> tuple[Program, CounterProxy]:

@@ -162,6 +162,13 @@ def _class_mask(x, classes):
     return out
 
 
+def _bfrev(a):
+    """Bit i of the result is bit 31 - i of a."""
+    words = np.ascontiguousarray(np.broadcast_to(np.asarray(a, U32), (WAVE,)))
+    bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")  # column i = bit i
+    return bits[:, ::-1].dot(1 << np.arange(32, dtype=np.int64)).astype(U32)
+
+
 def _bitop3(table):
     def f(a, b, c):
         a, b, c = (np.asarray(v, U32) for v in (a, b, c))
@@ -233,7 +240,7 @@ OPS = Table({
                        lambda a, b, c: _ieee_minmax(_ieee_minmax(a, b, False), c, False)),
     "v_mov_b32": Row("b32", ("b32",), lambda a: a),
     "v_not_b32": Row("b32", ("b32",), lambda a: ~a),
-    "v_bfrev_b32": Row("b32", ("b32",), lambda a: np.unpackbits(np.ascontiguousarray(np.broadcast_to(np.asarray(a, U32), (WAVE,))).view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, ::-1].copy().reshape(-1, 4, 8)[:, :, :].reshape(-1, 32).dot(1 << np.arange(31, -1, -1, dtype=np.int64)).astype(U32)),
+    "v_bfrev_b32": Row("b32", ("b32",), _bfrev),
     "v_ffbh_u32": Row("b32", ("b32",), _ffbh),
     "v_ffbl_b32": Row("b32", ("b32",), _ffbl),
     "v_ffbh_i32": Row("b32", ("b32",), lambda a: np.where((a == 0) | (a == 0xFFFFFFFF), U32(0xFFFFFFFF),

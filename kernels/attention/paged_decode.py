@@ -1,5 +1,5 @@
-"""Paged decode attention with sinks and an optional sliding window, bf16 KV cache, head_dim 64, 8 query
-heads per KV head (gpt-oss at TP1 and TP8). Contract: references/attention.py (paged_attention).
+"""Paged decode attention with sinks and an optional sliding window, bf16 or fp8 e4m3 KV cache, head_dim 64,
+8 query heads per KV head (gpt-oss at TP1 and TP8). Contract: references/attention.py (paged_attention).
 
 Decode tier: every sequence has q_len 1 (padding sequences q_len 0). Grid (split, KV head, sequence); one
 wave per workgroup computes the 8 query heads of its KV head over the keys of its split, so each K/V byte is
@@ -23,6 +23,20 @@ Per 64-key cache block (MFMA v_mfma_f32_16x16x32_bf16, see amd_kernels.common.mf
   share); V goes through LDS (row-major, 128 bytes a key) and comes back transposed by ds_read_b64_tr_b16
   in that same key order.
 The sink: split 0 starts its running max at the sink logit and adds exp(sink - m) to the sum once.
+
+fp8 e4m3 KV tier (build(..., fp8=True); contract references/attention.py paged_attention_fp8): the same
+kernels on E4M3 codes. Each code is converted to bf16 with v_cvt_scalef32_pk_bf16_fp8 at scale 1.0, which is
+exact (every E4M3 value is a bf16 value; the emulator's rule for it is checked in
+harness/emulator/tests/test_numerics.py), and the bf16 MFMA path above runs unchanged:
+- K: one 16-byte load per lane and key tile (dims 16 g .. 16 g + 15), converted to the two 8-dim operands
+  of the two K steps; the query operand is loaded in that same dim order (dims 16 g .., then 16 g + 8 ..).
+- V: 16-byte loads (16 dims of a key), converted and stored to LDS as the bf16 tier's row-major tile, so
+  the transposed reads (ds_read_b64_tr_b16) and P V are the bf16 tier's.
+- k_scale is folded into the score factor (k_scale * 64**-0.5 * log2 e, one fp32 product) and v_scale
+  multiplies the fp32 O before the output or the split partial is written.
+It deliberately does not use ds_read_b64_tr_b8 / tr_b4 (transposed fp8 reads): their emulator rules are not
+yet settled by instruction tests and upstream flash_attn_fp8_gfx950 matching torch (issue 12). The cost:
+fp8 bytes are read from HBM, but V goes through LDS as bf16 and the MFMAs are bf16 ones.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
@@ -33,7 +47,8 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
 from flydsl._mlir import ir
-from flydsl.expr import gpu, range_constexpr, rocdl
+from flydsl.compiler.ast_rewriter import ASTRewriter
+from flydsl.expr import const_expr, gpu, range_constexpr, rocdl
 from flydsl.expr.typing import T
 
 from amd_kernels.common import buffer, mfma, wave
@@ -88,25 +103,25 @@ def _key_range(L, x, window: int, max_splits: int, min_split_blocks: int):
     return _i32(0), blk0, fx.min(nb, blk0 + spb), (nb + spb - 1) // spb
 
 
-def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
+def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int, fp8: bool = False):
     """Launcher `attend(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, out, part_o,
-    part_ml, batch, max_blocks, num_blocks)`: the main launch, plus the merge launch when `window` is 0."""
+    part_ml, batch, max_blocks, num_blocks)` (fp8: `k_scale, v_scale` after `sinks`): the main launch, plus
+    the merge launch when `window` is 0."""
     Hkv = kv_heads
     Hq = Hkv * GROUP
     splits = 1 if window else max_splits
-    kv_row = Hkv * ROW_BYTES  # bytes between consecutive slots of a block
+    elem = 1 if fp8 else 2  # cache bytes per element
+    kv_row = Hkv * HEAD_DIM * elem  # bytes between consecutive slots of a block
+    head_bytes = HEAD_DIM * elem
     block_bytes = BLOCK * kv_row
-    name = f"paged_decode_q{Hq}_kv{Hkv}_{'w%d' % window if window else 'full'}"
+    name = f"paged_decode_q{Hq}_kv{Hkv}_{'w%d' % window if window else 'full'}" + ("_fp8" if fp8 else "")
 
     @fx.struct
     class Lds:
         v: fx.Array[fx.Int32, BLOCK * ROW_BYTES // 4, 16]
 
-    @flyc.kernel(name=name, known_block_size=[wave.WAVE, 1, 1])
-    def k_attend(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,
-                 seq_lens: fx.Tensor, block_table: fx.Tensor, sinks: fx.Tensor, out: fx.Tensor,
-                 part_o: fx.Tensor, part_ml: fx.Tensor, batch: fx.Int32, max_blocks: fx.Int32,
-                 num_blocks: fx.Int32):
+    def attend_body(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, k_scale, v_scale,
+                    out, part_o, part_ml, batch, max_blocks, num_blocks):
         lane = fx.thread_idx.x % wave.WAVE
         g = lane // 16
         i = lane % 16  # query head within the group (8..15: padding heads of the MFMA)
@@ -126,9 +141,17 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
             row = q_lo
             # Q^T operand: lane l holds Q[head i][dims 8*g .. 8*g + 7] (+32 for the second K step)
             q_rsrc = buffer.tensor_resource(q, (fx.Int64(row) + 1) * (Hq * ROW_BYTES))
-            q_off = (i < GROUP).select((row * Hq + h * GROUP + i) * ROW_BYTES + g * 16, _i32(OOB))
-            qop0 = buffer.load_x4(q_rsrc, q_off)
-            qop1 = buffer.load_x4(q_rsrc, q_off + 64)
+            if const_expr(fp8):
+                # the K step order of the fp8 K operand: dims 16 g .. 16 g + 7, then 16 g + 8 .. 16 g + 15
+                q_off = (i < GROUP).select((row * Hq + h * GROUP + i) * ROW_BYTES + g * 32, _i32(OOB))
+                qop0 = buffer.load_x4(q_rsrc, q_off)
+                qop1 = buffer.load_x4(q_rsrc, q_off + 16)
+                k_fac = _dword(buffer.tensor_resource(k_scale, 4), _i32(0)).bitcast(fx.Float32) * SCALE_LOG2
+                v_fac = _dword(buffer.tensor_resource(v_scale, 4), _i32(0)).bitcast(fx.Float32)
+            else:
+                q_off = (i < GROUP).select((row * Hq + h * GROUP + i) * ROW_BYTES + g * 16, _i32(OOB))
+                qop0 = buffer.load_x4(q_rsrc, q_off)
+                qop1 = buffer.load_x4(q_rsrc, q_off + 64)
             sink_rsrc = buffer.tensor_resource(sinks, Hq * 4)
             sink2 = _dword(sink_rsrc, (i < GROUP).select((h * GROUP + i) * 4, _i32(OOB))).bitcast(fx.Float32) * LOG2E
             bt_rsrc = buffer.tensor_resource(block_table, (fx.Int64(b) + 1) * fx.Int64(max_blocks) * 4)
@@ -140,25 +163,39 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
                 pb = _uniform(_dword(bt_rsrc, (b * max_blocks + blk) * 4))
                 base = fx.Int64(pb) * block_bytes
                 k_rsrc = buffer.rocdl.get_buffer_rsrc(buffer.rocdl.make_buffer_ptr(
-                    fx.add_offset(fx.get_iter(key_cache), base // 2), num_records_bytes=fx.Int64(block_bytes)))
+                    fx.add_offset(fx.get_iter(key_cache), base // elem), num_records_bytes=fx.Int64(block_bytes)))
                 v_rsrc = buffer.rocdl.get_buffer_rsrc(buffer.rocdl.make_buffer_ptr(
-                    fx.add_offset(fx.get_iter(value_cache), base // 2), num_records_bytes=fx.Int64(block_bytes)))
+                    fx.add_offset(fx.get_iter(value_cache), base // elem), num_records_bytes=fx.Int64(block_bytes)))
                 key0 = blk * BLOCK
                 # K: tile t holds keys 16 t + i of the block (lane's A row), dims 8 g.. and 32 + 8 g..
                 kops = []
                 for t in range_constexpr(4):
                     key = key0 + t * 16 + i
                     ok = (key < L) & (key >= first_key)
-                    off = ok.select((t * 16 + i) * kv_row + h * ROW_BYTES + g * 16, _i32(OOB))
-                    kops.append((buffer.load_x4(k_rsrc, off), buffer.load_x4(k_rsrc, off + 64)))
-                # V: 512 16-byte chunks of the block's 64 key rows; lane takes chunks lane + 64 u
+                    if const_expr(fp8):
+                        # fp8: dims 16 g .. 16 g + 15 in one 16-byte load, converted to bf16 (exact)
+                        off = ok.select((t * 16 + i) * kv_row + h * head_bytes + g * 16, _i32(OOB))
+                        kops.append(_fp8x16_to_bf16(buffer.load_x4(k_rsrc, off)))
+                    else:
+                        off = ok.select((t * 16 + i) * kv_row + h * ROW_BYTES + g * 16, _i32(OOB))
+                        kops.append((buffer.load_x4(k_rsrc, off), buffer.load_x4(k_rsrc, off + 64)))
                 vin = []
-                for u in range_constexpr(8):
-                    vkey = u * 8 + lane // 8
-                    key = key0 + vkey
-                    ok = (key < L) & (key >= first_key)
-                    vin.append(buffer.load_x4(v_rsrc, ok.select(vkey * kv_row + h * ROW_BYTES + (lane % 8) * 16,
-                                                                _i32(OOB))))
+                if const_expr(fp8):
+                    # V: 256 16-byte chunks (16 dims each) of the block's 64 key rows; lane takes lane + 64 u
+                    for u in range_constexpr(4):
+                        vkey = u * 16 + lane // 4
+                        key = key0 + vkey
+                        ok = (key < L) & (key >= first_key)
+                        vin.append(buffer.load_x4(v_rsrc, ok.select(vkey * kv_row + h * head_bytes + (lane % 4) * 16,
+                                                                    _i32(OOB))))
+                else:
+                    # V: 512 16-byte chunks of the block's 64 key rows; lane takes chunks lane + 64 u
+                    for u in range_constexpr(8):
+                        vkey = u * 8 + lane // 8
+                        key = key0 + vkey
+                        ok = (key < L) & (key >= first_key)
+                        vin.append(buffer.load_x4(v_rsrc, ok.select(vkey * kv_row + h * ROW_BYTES + (lane % 8) * 16,
+                                                                    _i32(OOB))))
                 s_t = []
                 for t in range_constexpr(4):
                     acc = mfma.bf16_16x16x32(kops[t][0], qop0, mfma.zeros())
@@ -170,7 +207,7 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
                     for r in range_constexpr(4):
                         key = key0 + t * 16 + g * 4 + r
                         ok = (key < L) & (key >= first_key)
-                        s = ok.select(s_t[t][r] * SCALE_LOG2, fx.Float32(NEG_INF))
+                        s = ok.select(s_t[t][r] * (k_fac if const_expr(fp8) else SCALE_LOG2), fx.Float32(NEG_INF))
                         vals.append(s)
                         mx = fx.max(mx, s)
                 mx = fx.max(mx, _bpermute_f32(mx, (lane + 16) % 64))
@@ -185,8 +222,16 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
                 m_run = m_new
                 # V tile -> LDS (row-major), then read back transposed
                 gpu.barrier()
-                for u in range_constexpr(8):
-                    fx.ptr_store(vin[u], vbuf + fx.Int64((u * 64 + lane) * 4))
+                if const_expr(fp8):
+                    # the same bf16 row-major tile as the bf16 tier: key vkey's dims 16 c .. 16 c + 15
+                    for u in range_constexpr(4):
+                        lo, hi = _fp8x16_to_bf16(vin[u])
+                        at = (u * 16 + lane // 4) * (ROW_BYTES // 4) + (lane % 4) * 8
+                        fx.ptr_store(lo, vbuf + fx.Int64(at))
+                        fx.ptr_store(hi, vbuf + fx.Int64(at + 4))
+                else:
+                    for u in range_constexpr(8):
+                        fx.ptr_store(vin[u], vbuf + fx.Int64((u * 64 + lane) * 4))
                 gpu.barrier()
                 for d in range_constexpr(4):
                     o_acc[d] = o_acc[d] * alpha
@@ -204,6 +249,9 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
             l_tot = l_tot + _bpermute_f32(l_tot, (lane + 32) % 64)
             l_tot = (x == 0).select(l_tot + _exp2(sink2 - m_run), l_tot)
             real_head = i < GROUP
+            if const_expr(fp8):
+                for d in range_constexpr(4):
+                    o_acc[d] = o_acc[d] * v_fac
             if ns == 1:
                 o_rsrc = buffer.tensor_resource(out, (fx.Int64(row) + 1) * (Hq * ROW_BYTES))
                 inv = 1.0 / l_tot
@@ -220,6 +268,25 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
                 pm_rsrc = buffer.tensor_resource(part_ml, fx.Int64(batch) * (Hkv * splits * GROUP * 2 * 4))
                 ml = fx.Vector.from_elements([m_run, l_tot], fx.Float32).bitcast(fx.Int32)
                 buffer.store(ml, pm_rsrc, (real_head & (g == 0)).select((slot * GROUP + i) * 8, _i32(OOB)))
+
+    body = ASTRewriter.transform(attend_body)
+
+    if fp8:
+        @flyc.kernel(name=name, known_block_size=[wave.WAVE, 1, 1])
+        def k_attend(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,
+                     seq_lens: fx.Tensor, block_table: fx.Tensor, sinks: fx.Tensor, k_scale: fx.Tensor,
+                     v_scale: fx.Tensor, out: fx.Tensor, part_o: fx.Tensor, part_ml: fx.Tensor, batch: fx.Int32,
+                     max_blocks: fx.Int32, num_blocks: fx.Int32):
+            body(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, k_scale, v_scale, out,
+                 part_o, part_ml, batch, max_blocks, num_blocks)
+    else:
+        @flyc.kernel(name=name, known_block_size=[wave.WAVE, 1, 1])
+        def k_attend(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,
+                     seq_lens: fx.Tensor, block_table: fx.Tensor, sinks: fx.Tensor, out: fx.Tensor,
+                     part_o: fx.Tensor, part_ml: fx.Tensor, batch: fx.Int32, max_blocks: fx.Int32,
+                     num_blocks: fx.Int32):
+            body(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, None, None, out, part_o,
+                 part_ml, batch, max_blocks, num_blocks)
 
     @flyc.kernel(name=name + "_merge", known_block_size=[wave.WAVE, 1, 1])
     def k_merge(cu_seqlens_q: fx.Tensor, seq_lens: fx.Tensor, out: fx.Tensor, part_o: fx.Tensor,
@@ -269,18 +336,32 @@ def build(kv_heads: int, window: int, max_splits: int, min_split_blocks: int):
             k_merge(cu_seqlens_q, seq_lens, out, part_o, part_ml, batch).launch(
                 grid=(Hkv, batch, 1), block=(wave.WAVE, 1, 1), stream=stream)
 
+    @flyc.jit
+    def attend_fp8(q: fx.Tensor, key_cache: fx.Tensor, value_cache: fx.Tensor, cu_seqlens_q: fx.Tensor,
+                   seq_lens: fx.Tensor, block_table: fx.Tensor, sinks: fx.Tensor, k_scale: fx.Tensor,
+                   v_scale: fx.Tensor, out: fx.Tensor, part_o: fx.Tensor, part_ml: fx.Tensor, batch: fx.Int32,
+                   max_blocks: fx.Int32, num_blocks: fx.Int32, stream: fx.Stream = fx.Stream(None)):
+        k_attend(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, k_scale, v_scale, out,
+                 part_o, part_ml, batch, max_blocks, num_blocks).launch(
+                     grid=(splits, Hkv, batch), block=(wave.WAVE, 1, 1), stream=stream)
+        if not window:
+            k_merge(cu_seqlens_q, seq_lens, out, part_o, part_ml, batch).launch(
+                grid=(Hkv, batch, 1), block=(wave.WAVE, 1, 1), stream=stream)
+
     def example(batch: int = 1):
+        cache = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        scales = (torch.ones(1, dtype=torch.float32), torch.ones(1, dtype=torch.float32)) if fp8 else ()
         return (torch.zeros(batch, Hq, HEAD_DIM, dtype=torch.bfloat16),
-                torch.zeros(2, BLOCK, Hkv, HEAD_DIM, dtype=torch.bfloat16),
-                torch.zeros(2, BLOCK, Hkv, HEAD_DIM, dtype=torch.bfloat16),
+                torch.zeros(2, BLOCK, Hkv, HEAD_DIM, dtype=cache),
+                torch.zeros(2, BLOCK, Hkv, HEAD_DIM, dtype=cache),
                 torch.zeros(batch + 1, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32),
-                torch.zeros(batch, 1, dtype=torch.int32), torch.zeros(Hq, dtype=torch.float32),
+                torch.zeros(batch, 1, dtype=torch.int32), torch.zeros(Hq, dtype=torch.float32), *scales,
                 torch.zeros(batch, Hq, HEAD_DIM, dtype=torch.bfloat16),
                 torch.zeros(part_o_shape(batch, Hkv, splits), dtype=torch.float32),
                 torch.zeros(part_ml_shape(batch, Hkv, splits), dtype=torch.float32),
                 batch, 1, 2, fx.Stream(None))
 
-    return attend, example
+    return (attend_fp8 if fp8 else attend), example
 
 
 def part_o_shape(batch: int, kv_heads: int, splits: int) -> tuple:
@@ -289,6 +370,20 @@ def part_o_shape(batch: int, kv_heads: int, splits: int) -> tuple:
 
 def part_ml_shape(batch: int, kv_heads: int, splits: int) -> tuple:
     return (batch, kv_heads, splits, GROUP, 2)
+
+
+def _fp8x16_to_bf16(words):
+    """16 E4M3 codes (Vector 4 x i32, little-endian bytes) -> their bf16 values as two Vector 4 x i32 (codes
+    0..7, 8..15). v_cvt_scalef32_pk_bf16_fp8 with scale 1.0: exact, every E4M3 value is a bf16 value."""
+    one = fx.as_ir_value(fx.Float32(1.0))
+    bf16x2 = ir.VectorType.get([2], ir.BF16Type.get())
+    out = []
+    for j in range_constexpr(4):
+        w = fx.as_ir_value(fx.Int32(words[j]))
+        for half in range_constexpr(2):
+            pair = rocdl.cvt_scalef32_pk_bf16_fp8(bf16x2, w, one, bool(half))
+            out.append(fx.Vector(pair).bitcast(fx.Int32)[0])
+    return fx.Vector.from_elements(out[:4], fx.Int32), fx.Vector.from_elements(out[4:], fx.Int32)
 
 
 def _read_tr(vbuf, byte_off):

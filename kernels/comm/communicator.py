@@ -9,6 +9,8 @@ first all-reduce entry runs (every rank of the group must call it, it is collect
 What it does, through the HIP runtime (ctypes on libamdhip64; the emulator's substitute provides the same):
 - hipMalloc an input buffer of `max_tokens` rows of `hidden` bf16: the entries copy this rank's partial there
   (or the previous kernel writes it there directly: `input_buffer(tokens)`), and every peer reads it;
+- hipMalloc a sums buffer of the same size: the two-stage tier stores the rows this rank summed there and
+  every peer reads them (the all-gather);
 - hipExtMallocWithFlags(uncached) a signal buffer of int32 flags (layout: the kernel module's
   START / END / EPOCH / SIGNAL_SLOTS), zeroed once and never reset (flags count epochs);
 - hipIpcGetMemHandle on both, handles exchanged with all_gather_object over `group`,
@@ -86,13 +88,14 @@ class Communicator:
         self._lib = lib = _hip()
         in_bytes = max_tokens * hidden * 2
         sig_bytes = signal_slots * 4
-        own_in, own_sig = ctypes.c_void_p(), ctypes.c_void_p()
+        own_in, own_sum, own_sig = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         _check_hip(lib.hipMalloc(ctypes.byref(own_in), in_bytes), "hipMalloc(input buffer)")
+        _check_hip(lib.hipMalloc(ctypes.byref(own_sum), in_bytes), "hipMalloc(sums buffer)")
         _check_hip(lib.hipExtMallocWithFlags(ctypes.byref(own_sig), sig_bytes, _HIP_DEVICE_MALLOC_UNCACHED),
                    "hipExtMallocWithFlags(signal buffer, uncached)")
         _check_hip(lib.hipMemset(own_sig, 0, sig_bytes), "hipMemset(signal buffer)")
         handles = []
-        for p in (own_in, own_sig):
+        for p in (own_in, own_sum, own_sig):
             h = IpcHandle()
             _check_hip(lib.hipIpcGetMemHandle(ctypes.byref(h), p), "hipIpcGetMemHandle")
             handles.append(bytes(h))
@@ -107,21 +110,23 @@ class Communicator:
                     f"{peer_hidden}), this rank with ({max_tokens}, {hidden})"
                 )
         self._opened = []
-        in_ptrs, sig_ptrs = [], []
-        for r, (_, _, _, (h_in, h_sig)) in enumerate(everyone):
+        in_ptrs, sum_ptrs, sig_ptrs = [], [], []
+        for r, (_, _, _, (h_in, h_sum, h_sig)) in enumerate(everyone):
             if r == self.rank:
                 in_ptrs.append(own_in.value)
+                sum_ptrs.append(own_sum.value)
                 sig_ptrs.append(own_sig.value)
                 continue
-            for hb, dst in ((h_in, in_ptrs), (h_sig, sig_ptrs)):
+            for hb, dst in ((h_in, in_ptrs), (h_sum, sum_ptrs), (h_sig, sig_ptrs)):
                 p = ctypes.c_void_p()
                 _check_hip(lib.hipIpcOpenMemHandle(ctypes.byref(p), IpcHandle.from_buffer_copy(hb),
                                                    _HIP_IPC_LAZY_ENABLE_PEER_ACCESS),
                            f"hipIpcOpenMemHandle(rank {r})")
                 self._opened.append(p.value)
                 dst.append(p.value)
-        self._own = (own_in.value, own_sig.value)
+        self._own = (own_in.value, own_sum.value, own_sig.value)
         self.inputs = [_tensor_at(p, in_bytes, torch.bfloat16, (max_tokens, hidden), self.device) for p in in_ptrs]
+        self.sums = [_tensor_at(p, in_bytes, torch.bfloat16, (max_tokens, hidden), self.device) for p in sum_ptrs]
         self.signals = [_tensor_at(p, sig_bytes, torch.int32, (signal_slots,), self.device) for p in sig_ptrs]
         dist.barrier(group=group)  # every rank has mapped every buffer before any kernel uses them
 
@@ -129,11 +134,12 @@ class Communicator:
         """This rank's registered input rows [tokens, hidden]: a producer may write its output here and then
         call the entry with this tensor as x (the copy is then skipped)."""
         if tokens > self.max_tokens:
-            raise ValueError(f"tokens: {tokens} is above the communicator's max_tokens {self.max_tokens}")
+            raise ValueError(f"tokens: {tokens} is above the communicator's registered buffer of {self.max_tokens} "
+                             "tokens (communicator.create(max_tokens=...))")
         return self.inputs[self.rank][:tokens]
 
 
-def create(group=None, *, max_tokens: int = 512, hidden: int = 2880, ranks: int = 8, device=None) -> Communicator:
+def create(group=None, *, max_tokens: int = 8192, hidden: int = 2880, ranks: int = 8, device=None) -> Communicator:
     """Create this process's communicator for `group` (collective: every rank of the group calls it)."""
     global _current
     from amd_kernels.comm.allreduce_ranks8_h2880 import kernel

@@ -29,11 +29,6 @@ def load_u8(rsrc, byte_offset):
     return fx.Int32(fx.Int8(raw).to(fx.Int32)) & 0xFF
 
 
-def zeros_x4():
-    """A 16-byte register quad of zeros (the missing half of a K-tail step)."""
-    return fx.Vector.filled(4, 0, fx.Int32)
-
-
 def operand(lo, hi):
     """Two 16-byte halves (Vector 4 x i32 each) -> the 8-VGPR FP8 operand of one scaled MFMA."""
     return lo.shuffle(hi, list(range(8)))

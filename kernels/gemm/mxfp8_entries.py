@@ -14,12 +14,6 @@ import torch
 from amd_kernels import host, warm_up
 from amd_kernels.gemm import mxfp8_gemm
 
-DECODE_MAX_TOKENS = 512  # the largest CUDA-graph capture size
-
-
-def _stream(t: torch.Tensor):
-    return torch.cuda.current_stream(t.device) if t.device.type == "cuda" else None
-
 
 def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_variants: dict) -> SimpleNamespace:
     """`tiers`: name -> mxfp8_gemm.Tier in increasing max_tokens order (the last serves any M)."""
@@ -34,7 +28,7 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         return ordered[-1][0]
 
     modes = {
-        "decode": sorted({tier_of(m) for m in range(1, DECODE_MAX_TOKENS + 1)}),
+        "decode": sorted({tier_of(m) for m in range(1, warm_up.DECODE_MAX_TOKENS + 1)}),
         "prefill": [ordered[-1][0]],
     }
 
@@ -42,7 +36,7 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
 
     def mode_of(x, *args, **kwargs) -> str:
         tokens = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() else 0
-        return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+        return warm_up.mode_by_tokens(tokens)
 
     def weight_hint(t, want: tuple, k_of) -> str:
         """Why a weight's shape is wrong: packed for another N or K (another package's weight), or not packed."""
@@ -68,9 +62,9 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         # x_scales is read one byte at a time, so any byte offset (a row slice) is fine.
         host.check_tensor("x_scales", x_scales, dtype=torch.uint8, shape=(tokens, KB), like=x, align=1)
         host.check_tensor("w_packed", w_packed, dtype=torch.float8_e4m3fn, shape=(N // 16, K // 64, 1024), like=x,
-                          hint=weight_hint(w_packed, (N // 16, K // 64, 1024), lambda kk: kk * 64))
+                          hint=lambda: weight_hint(w_packed, (N // 16, K // 64, 1024), lambda kk: kk * 64))
         host.check_tensor("w_scales_packed", w_scales_packed, dtype=torch.uint8, shape=(N // 16, STEPS, 64),
-                          like=x, hint=weight_hint(w_scales_packed, (N // 16, STEPS, 64), None))
+                          like=x, hint=lambda: weight_hint(w_scales_packed, (N // 16, STEPS, 64), None))
         host.check_tensor("bias", bias, dtype=torch.bfloat16, shape=(N,), like=x)
         return tokens
 
@@ -87,7 +81,7 @@ def build(package: str, shape_token: str, N: int, K: int, tiers: dict, kernel_va
         out = outputs(x, x_scales, w_packed, w_scales_packed, bias)
         tokens = x.shape[0]
         if tokens:
-            table[tier_of(tokens)](x, x_scales, w_packed, w_scales_packed, bias, out, tokens, _stream(x))
+            table[tier_of(tokens)](x, x_scales, w_packed, w_scales_packed, bias, out, tokens, host.stream_of(x))
         return out
 
     mxfp8_gemm_entry.__name__ = "mxfp8_gemm"

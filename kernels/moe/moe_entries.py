@@ -6,6 +6,7 @@ maps a reference's inputs (checkpoint layout) to the entry's, for the harness.
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
 
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -13,6 +14,27 @@ import torch
 from amd_kernels import host, warm_up
 
 WEIGHTS = ("w13", "w13_scale", "w13_bias", "w2", "w2_scale", "w2_bias", "shard")
+
+# prepare_inputs' cache, one entry for every MoE package: (package, id of w13_blocks, tp_rank), a weak
+# reference to that checkpoint tensor, its prepared weights. It holds no checkpoint alive and is emptied when
+# its checkpoint is freed, so it never keeps more than one layer's prepared weights (1.7 GB at TP1).
+_last: list = []
+
+
+def _prepared(package: str, inputs: dict, prepare):
+    w = inputs["w13_blocks"]
+    key = (package, id(w), inputs.get("tp_rank", 0))
+    if _last and _last[0][0] == key and _last[0][1]() is w:
+        return _last[0][2]
+    _last.clear()  # the previous weights go before the new ones are made
+
+    def forget(ref):
+        if _last and _last[0][1] is ref:
+            _last.clear()
+
+    weights = prepare()
+    _last.append((key, weakref.ref(w, forget), weights))
+    return weights
 
 
 def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: int, pipeline, prepare_weights,
@@ -56,20 +78,14 @@ def build(package: str, shape_token: str, *, hidden: int, experts: int, top_k: i
                        host.stream_of(x))
         return out
 
-    cache = {}
-
     def prepare_inputs(inputs: dict) -> dict:
-        """Reference inputs (checkpoint layout) -> entry inputs; the prepared weights are cached per
+        """Reference inputs (checkpoint layout) -> entry inputs; the prepared weights are cached for the last
         checkpoint tensor object (a model prepares them once at load time)."""
         if inputs.get("tp_size", 1) != tp_size:
             raise ValueError(f"tp_size: this package serves tp_size {tp_size}, got {inputs.get('tp_size', 1)}")
-        key = (id(inputs["w13_blocks"]), inputs.get("tp_rank", 0))
-        if key not in cache:
-            cache.clear()
-            cache[key] = (inputs["w13_blocks"], prepare_weights(
-                inputs["w13_blocks"], inputs["w13_scales"], inputs.get("w13_bias"), inputs["w2_blocks"],
-                inputs["w2_scales"], inputs.get("w2_bias"), tp_rank=inputs.get("tp_rank", 0)))
-        weights = cache[key][1]
+        weights = _prepared(package, inputs, lambda: prepare_weights(
+            inputs["w13_blocks"], inputs["w13_scales"], inputs.get("w13_bias"), inputs["w2_blocks"],
+            inputs["w2_scales"], inputs.get("w2_bias"), tp_rank=inputs.get("tp_rank", 0)))
         return {"x": inputs["x"], "topk_weights": inputs["topk_weights"], "topk_ids": inputs["topk_ids"], **weights}
 
     op = host.custom_op(f"amd_kernels::{shape_token}_moe", moe, outputs)

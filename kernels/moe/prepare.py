@@ -81,7 +81,7 @@ def _shuffle_b(blocks: torch.Tensor, scales: torch.Tensor, k_pad: int):
 
 def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias, *, activation: str,
                     hidden: int, intermediate: int, experts: int, tp_size: int = 1, tp_rank: int = 0,
-                    experts_per_chunk: int = 8) -> dict:
+                    experts_per_chunk: int = 2) -> dict:
     """Checkpoint tensors -> {w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard} (see the module docstring).
 
     hidden, intermediate (unsharded) and experts are the package's shape; the tensors are the full checkpoint
@@ -93,15 +93,17 @@ def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_b
         raise ValueError("w13_bias / w2_bias: the swiglu MoE has no biases (its kernels never read them); pass None")
     start, end = shard_span(intermediate, tp_size, tp_rank)
     ip = padded_intermediate(intermediate, tp_size)
-    cut = _rank_slice(dict(w13_blocks=w13_blocks, w13_scales=w13_scales, w13_bias=w13_bias, w2_blocks=w2_blocks,
-                           w2_scales=w2_scales, w2_bias=w2_bias), activation, hidden, intermediate, experts,
-                      tp_size, tp_rank, start, end, ip)
+    cut, rows = _rank_slice(dict(w13_blocks=w13_blocks, w13_scales=w13_scales, w13_bias=w13_bias,
+                                 w2_blocks=w2_blocks, w2_scales=w2_scales, w2_bias=w2_bias), activation, hidden,
+                            intermediate, experts, tp_size, tp_rank, start, end, ip)
     bias_on = w2_bias is not None and tp_rank == 0
     out = None
     for e0 in range(0, experts, experts_per_chunk):
         sl = slice(e0, min(experts, e0 + experts_per_chunk))
-        part = _prepare({k: None if v is None else v[sl] for k, v in cut.items()}, activation, end - start, ip,
-                        bias_on)
+        chunk = {k: None if v is None else v[sl] for k, v in cut.items()}
+        for k in ("w13_blocks", "w13_scales", "w13_bias"):  # the rank's w13 rows, gathered a chunk at a time
+            chunk[k] = None if chunk[k] is None else chunk[k][:, rows]
+        part = _prepare(chunk, activation, end - start, ip, bias_on)
         if out is None:
             out = {k: torch.empty((experts, *v.shape[1:]), dtype=v.dtype, device=v.device) for k, v in part.items()}
         for k, v in part.items():
@@ -110,9 +112,11 @@ def prepare_weights(w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_b
     return out
 
 
-def _rank_slice(t: dict, activation, hidden, inter, experts, tp_size, tp_rank, start, end, ip) -> dict:
-    """The checkpoint tensors -> rank tp_rank's slice (n = end - start columns, a TP1 checkpoint of
-    intermediate n); each tensor is checked against the package's dims with an error naming it."""
+def _rank_slice(t: dict, activation, hidden, inter, experts, tp_size, tp_rank, start, end, ip):
+    """The checkpoint tensors -> (views, w13 rows): rank tp_rank's slice (n = end - start columns, a TP1
+    checkpoint of intermediate n) is the views with the w13 tensors' dim 1 indexed by the rows (left to the
+    caller, per chunk of experts: indexing the whole w13 would copy ~1 GB at TP1); each tensor is checked
+    against the package's dims with an error naming it."""
     n = end - start
     forms = [(inter, "the full checkpoint"), (n, f"rank {tp_rank}'s slice as vLLM's loader gives it"),
              (ip, f"rank {tp_rank}'s slice zero-padded to {ip} columns")]
@@ -152,11 +156,11 @@ def _rank_slice(t: dict, activation, hidden, inter, experts, tp_size, tp_rank, s
         rows = torch.arange(2 * c0, 2 * c1, device=t["w13_blocks"].device)
     else:  # [gate; up], each form's up rows start at its column count
         rows = torch.cat((torch.arange(c0, c1), torch.arange(form[0] + c0, form[0] + c1))).to(t["w13_blocks"].device)
-    out = {k: (None if t[k] is None else t[k][:, rows]) for k in ("w13_blocks", "w13_scales", "w13_bias")}
+    out = {k: t[k] for k in ("w13_blocks", "w13_scales", "w13_bias")}
     out["w2_blocks"] = t["w2_blocks"][:, :, c0 // 2: c1 // 2]
     out["w2_scales"] = t["w2_scales"][:, :, c0 // BLOCK: c1 // BLOCK]
     out["w2_bias"] = t["w2_bias"]
-    return out
+    return out, rows
 
 
 def _prepare(t: dict, activation: str, n: int, ip: int, bias_on: bool) -> dict:

@@ -14,13 +14,11 @@ import torch
 
 from amd_kernels import host, warm_up
 
-DECODE_MAX_TOKENS = 512  # the largest CUDA-graph capture size: decode batches use the decode tier
 OPS = ("rmsnorm", "fused_add_rmsnorm", "rmsnorm_mxfp8", "fused_add_rmsnorm_mxfp8")
 TIERS = ("decode", "prefill")
 
 
-def tier(tokens: int) -> str:
-    return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+tier = warm_up.mode_by_tokens  # the tier of a call is its mode
 
 
 def build(package: str, shape_token: str, hidden: int, kernel_variants: dict) -> SimpleNamespace:

@@ -9,11 +9,8 @@ from types import SimpleNamespace
 import torch
 
 from amd_kernels import host, warm_up
-from amd_kernels.quant.mxfp8_rows import DECODE_MAX_TOKENS
 
-
-def tier(tokens: int) -> str:
-    return "decode" if tokens <= DECODE_MAX_TOKENS else "prefill"
+tier = warm_up.mode_by_tokens  # the tier of a call is its mode
 
 
 def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> SimpleNamespace:
@@ -35,7 +32,7 @@ def build(package: str, shape_token: str, K: int, kernel_variants: dict) -> Simp
         q, scales = outputs(x)
         tokens = x.shape[0]
         if tokens:
-            stream = torch.cuda.current_stream(x.device) if x.device.type == "cuda" else None
+            stream = host.stream_of(x)
             table[tier(tokens)](x, q, scales, tokens, stream)
         return q, scales
 

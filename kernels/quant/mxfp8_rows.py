@@ -20,7 +20,6 @@ from flydsl.expr import range_constexpr
 
 from amd_kernels.common import bf16, buffer, mxfp8, wave
 
-DECODE_MAX_TOKENS = 512
 TIER_WAVES = {"decode": 1, "prefill": 4}
 
 

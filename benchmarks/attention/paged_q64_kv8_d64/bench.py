@@ -1,8 +1,11 @@
-"""attention/paged_q64_kv8_d64: paged decode attention, gpt-oss-120b at TP 1 (64 query / 8 KV heads). Run:
+"""attention/paged_q64_kv8_d64: paged attention (decode and prefill), gpt-oss-120b at TP 1 (64 query / 8 KV heads). Run:
 python3 -m benchmarks.runner attention/paged_q64_kv8_d64 --tokens 1,8 --dims '{"context_lengths": [8192], "sliding_window": 0}'
-(tokens = sequences of the decode batch, each holding every listed key count)."""
+(tokens = sequences of the decode batch, each holding every listed key count).
+Prefill (tokens = new tokens split over prefill_sequences equal sequences, each with the cached prefix):
+--tokens 4096 --dims '{"query_heads": 64, "kv_heads": 8, "prefill_sequences": 16, "prefill_uniform": true,
+"cached_prefix": [0], "sliding_window": 0}'"""
 
-from benchmarks.attention.attention_cost import paged_decode_cost
+from benchmarks.attention.attention_cost import flashinfer_anchors, paged_decode_cost, paged_prefill_cost
 
 PACKAGE = "attention/paged_q64_kv8_d64"
 OP = "paged_attention"
@@ -11,4 +14,7 @@ TOKENS = (1, 8)
 
 
 def cost(m: int, dims: dict = DIMS):
-    return paged_decode_cost(m, dims)
+    return paged_prefill_cost(m, dims) if "prefill_sequences" in dims else paged_decode_cost(m, dims)
+
+
+ANCHORS = flashinfer_anchors(DIMS)

@@ -144,3 +144,42 @@ def test_intervals_batched_merge_is_the_union():
     assert np.array_equal(iv.array(), want)
     dw = covered.reshape(-1, 4).any(axis=1)
     assert d.bytes() == 4 * int(dw.sum())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_all_in_range_many_is_all_in_range_per_wave(seed):
+    """BufferAddress.all_in_range_many (a lockstep group) against all_in_range one wave at a time: random
+    descriptors (some strided), soffsets, instruction offsets, offsets near num_records, partial EXEC."""
+    from types import SimpleNamespace
+
+    from harness.emulator.ops_memory import BufferAddress
+    from harness.emulator.operands import parse_operand
+    from harness.emulator.state import EXEC_HI, EXEC_LO, WAVE, Wave
+
+    rng = np.random.default_rng(seed)
+    regs = np.zeros((6, 32, WAVE), np.uint32)
+    wg = SimpleNamespace(lds=np.zeros(4, np.uint8), lds32=None, ids=(0, 0, 0))
+    waves = []
+    for k in range(6):
+        w = Wave(k, wg, None, regs[k])
+        w.slot = k
+        w.s[8], w.s[9] = 0x10000000 + 4096 * k, int(rng.integers(0, 3)) << 16 if k == 4 else 0x12
+        w.s[10], w.s[11] = int(rng.integers(1000, 5000)), 0x27000
+        w.s[20] = int(rng.integers(0, 64))
+        w.s[EXEC_LO], w.s[EXEC_HI] = 0xFFFFFFFF, 0xFFFFFFFF if k != 3 else 0xFFFF
+        w.v[5] = rng.integers(0, w.s[10] - 40 if k % 2 else w.s[10] + 8, WAVE).astype(np.uint32)
+        waves.append(w)
+    seen = set()
+    for off in (0, 12):
+        for nbytes in (1, 2, 4, 8, 12, 16):
+            inst = SimpleNamespace(mods={"offen": True, "offset": str(off)} if off else {"offen": True})
+            ba = BufferAddress(inst, [parse_operand("v5"), parse_operand("s[8:11]"), parse_operand("s20")], 0)
+            many, whole = ba.all_in_range_many(waves, nbytes)
+            for k, w in enumerate(waves):
+                full = w.s[EXEC_LO] == 0xFFFFFFFF and w.s[EXEC_HI] == 0xFFFFFFFF
+                one = ba.all_in_range(w, nbytes) if full else None
+                assert whole[k] == (one is not None), (off, nbytes, k)
+                if one is not None:
+                    np.testing.assert_array_equal(many[k], one)
+            seen |= set(whole.tolist())
+    assert seen == {True, False}

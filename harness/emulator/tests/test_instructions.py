@@ -135,6 +135,18 @@ def test_bitop3_truth_table(table):
     np.testing.assert_array_equal(r.v(10), want)
 
 
+def test_bfrev_reverses_bits():
+    # LLVM materializes masks such as 0xfc as v_bfrev_b32 of the inline constant 0.5 (0x3f000000)
+    a = rnd_u32()
+    r = run("""
+      v_bfrev_b32 v10, v2
+      v_bfrev_b32 v11, 0.5
+    """, vin=[a])
+    want = np.array([int(f"{int(x):032b}"[::-1], 2) for x in a], np.uint32)
+    np.testing.assert_array_equal(r.v(10), want)
+    assert (r.v(11) == 0xFC).all()
+
+
 def test_perm_b32_selects_bytes_and_constants():
     r = run("v_perm_b32 v10, v2, v3, s8", vin=[np.full(64, 0x87654321, np.uint32), np.full(64, 0x0FEDCBA9, np.uint32)],
             sin=[0x0C0D0407])

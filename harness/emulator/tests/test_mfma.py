@@ -313,3 +313,33 @@ def test_fast_path_bitwise(mnemonic, cbsz, blgp):
                     want = mfma.execute(mnemonic, a, b, c, m)
                     got = run(a, b, c, sa, sb)
                 assert got.dtype == want.dtype and np.array_equal(got, want), (op_sel, op_sel_hi, trial)
+
+
+@pytest.mark.parametrize("mnemonic", ["v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4",
+                                      "v_mfma_f32_16x16x128_f8f6f4", "v_mfma_f32_32x32x64_f8f6f4"])
+@pytest.mark.parametrize("cbsz,blgp", [(0, 0), (1, 0), (0, 4), (4, 0), (4, 4), (1, 1), (4, 1)])
+def test_fast_path_many_is_run_per_wave(mnemonic, cbsz, blgp):
+    """fast_executor(...).many (lockstep: a group of waves at once) gives run()'s bits for each wave: random
+    register bits, wave-varying E8M0 scales (extreme, NaN, and moderate ones, where the sums round)."""
+    rng = np.random.default_rng(100 + cbsz * 10 + blgp)
+    scaled = "scale" in mnemonic
+    for op_sel, op_sel_hi in (([0, 0], [0, 0]), ([1, 1], [1, 0]), ([0, 1], [1, 1])):
+        mods = {"cbsz": cbsz, "blgp": blgp}
+        if scaled:
+            mods.update(op_sel=op_sel, op_sel_hi=op_sel_hi)
+        run = mfma.fast_executor(mnemonic, mods)
+        na, nb, nc = mfma.operand_regs(mnemonic, mods)
+        for nw in (1, 3, 17):
+            a = rng.integers(0, 1 << 32, (nw, na, 64), dtype=np.uint64).astype(np.uint32)
+            b = rng.integers(0, 1 << 32, (nw, nb, 64), dtype=np.uint64).astype(np.uint32)
+            c = rng.normal(size=(nw, nc, 64)).astype(np.float32).view(np.uint32)
+            sa = rng.integers(0, 1 << 32, (nw, 64), dtype=np.uint64).astype(np.uint32)
+            sb = (rng.integers(100, 154, (nw, 64)) * 0x01010101).astype(np.uint32)
+            sb[0, :8] = rng.integers(0, 1 << 32, 8, dtype=np.uint64).astype(np.uint32)
+            with np.errstate(all="ignore"):
+                got = run.many(a, b, c, sa, sb) if scaled else run.many(a, b, c)
+                for k in range(nw):
+                    want = run(a[k], b[k], c[k], sa[k], sb[k])
+                    assert np.array_equal(got[k], want), (op_sel, nw, k)
+            if not scaled:
+                break

@@ -1,5 +1,5 @@
-"""Paged decode attention, 64 query / 8 KV heads, head_dim 64, bf16 cache (gpt-oss-120b at TP 1).
-Kernels: kernels/attention/paged_decode.py; contract: references/attention.py (paged_attention)."""
+"""Paged attention (decode and prefill tiers), 64 query / 8 KV heads, head_dim 64, bf16 cache (gpt-oss-120b at TP 1).
+Kernels: kernels/attention/paged_decode.py, paged_prefill.py; contract: references/attention.py (paged_attention)."""
 
 from amd_kernels.attention import paged_entries
 

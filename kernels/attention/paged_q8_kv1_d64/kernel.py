@@ -1,5 +1,5 @@
-"""Paged decode attention, 8 query / 1 KV heads, head_dim 64, bf16 cache (gpt-oss-120b at TP 8).
-Kernels: kernels/attention/paged_decode.py; contract: references/attention.py (paged_attention)."""
+"""Paged attention (decode and prefill tiers), 8 query / 1 KV heads, head_dim 64, bf16 cache (gpt-oss-120b at TP 8).
+Kernels: kernels/attention/paged_decode.py, paged_prefill.py; contract: references/attention.py (paged_attention)."""
 
 from amd_kernels.attention import paged_entries
 

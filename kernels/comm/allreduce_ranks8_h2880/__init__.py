@@ -7,7 +7,6 @@ same token count, after amd_kernels.comm.communicator.create(group) on all 8 ran
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
 
-import os
 
 import torch
 
@@ -20,33 +19,60 @@ OPS = ("allreduce", "allreduce_fused_add_rmsnorm", "allreduce_fused_add_rmsnorm_
 VARIANTS = warm_up.VariantTable(__name__, {k: warm_up.Variant(*v) for k, v in kernel.VARIANTS.items()})
 
 
+# From this many tokens the two-stage tier (reduce-scatter, then all-gather: 2 x 7/8 of the rows over xGMI
+# per rank instead of 7 x) runs; below it the one-stage tier (one barrier round trip fewer). Both give the same
+# bits for every row, so the edge is a speed choice only (README: "Tiers").
+TWO_STAGE_MIN_TOKENS = 32
+TIERS = ("one_stage", "two_stage")
+
+
 def tier(tokens: int) -> str:
-    return "one_stage"
+    return "two_stage" if tokens >= TWO_STAGE_MIN_TOKENS else "one_stage"
 
 
 def _modes(op: str) -> dict:
-    return {"one_stage": [f"{op}.one_stage"]}
+    # One mode holding both tiers: every warm-up compiles both, whatever token count comes first.
+    return {"all": [f"{op}.{t}" for t in TIERS]}
 
 
 def _mode_of(*args, **kwargs) -> str:
-    return "one_stage"
+    return "all"
+
+
+def emulator_rows(tokens: int, tier_name: str, workgroups) -> list[int]:
+    """The token rows the launch's workgroups `workgroups` ((x, y, z) ids) produce (the emulator's workgroup
+    sampling checks only these rows)."""
+    rows = []
+    if tier_name == "one_stage":
+        blocks = kernel.grid_blocks(tokens)
+        for (b, _, _) in workgroups:
+            rows += range(b, tokens, blocks)
+    else:
+        blocks = kernel.grid_blocks_two_stage(tokens)
+        for (b, _, _) in workgroups:
+            for g in range(b, kernel.groups(tokens), blocks):
+                rows += range(g * kernel.RANKS, min((g + 1) * kernel.RANKS, tokens))
+    return sorted(rows)
 
 
 CHECK_RANKS_ENV = "AMD_KERNELS_CHECK_RANKS"
 
 
 def _check_across_ranks(comm, op: str, x: torch.Tensor) -> None:
-    """AMD_KERNELS_CHECK_RANKS=1: compare (entry, tokens, dtype) of all ranks on the host before the launch (a
-    round trip over the group per call: for debugging; without it a mismatch waits forever in the kernel)."""
+    """AMD_KERNELS_CHECK_RANKS=1: compare (entry, shape, dtype) of all ranks on the host before anything else
+    (a round trip over the group per call: for debugging; without it a mismatch waits forever in the kernel).
+    It runs before this rank's own argument checks, so a rank with a bad x still joins the exchange and every
+    rank raises, instead of the others waiting for it."""
     import torch.distributed as dist
 
-    mine = (op, x.shape[0], str(x.dtype))
+    mine = (op, tuple(x.shape), str(x.dtype))
     everyone = [None] * comm.ranks
     dist.all_gather_object(everyone, mine, group=comm.group)
     for r, theirs in enumerate(everyone):
         if theirs != mine:
-            raise ValueError(f"x: rank {comm.rank} called {mine[0]} with {mine[1]} tokens of {mine[2]}, rank {r} "
-                             f"called {theirs[0]} with {theirs[1]} tokens of {theirs[2]}")
+            raise ValueError(f"x: rank {comm.rank} called {mine[0]} with x of shape {list(mine[1])} ({mine[1][0]} "
+                             f"tokens) and {mine[2]}, rank {r} called {theirs[0]} with x of shape {list(theirs[1])} "
+                             f"({theirs[1][0]} tokens) and {theirs[2]}")
 
 
 def _check_args(x: torch.Tensor, residual=None, weight=None) -> int:
@@ -62,21 +88,31 @@ def _check_args(x: torch.Tensor, residual=None, weight=None) -> int:
 def _stage(op: str, x: torch.Tensor, residual=None, weight=None):
     """Check the arguments; put x in this rank's registered input buffer. -> (communicator, tokens)."""
     comm = communicator.current()
+    if host.env_flag(CHECK_RANKS_ENV) and isinstance(x, torch.Tensor) and x.dim() >= 1:
+        _check_across_ranks(comm, op, x)
     tokens = _check_args(x, residual, weight)
     if x.device != comm.device:
         raise ValueError(f"x: on device {x.device}, but the communicator's buffers are on {comm.device}")
     if tokens > comm.max_tokens:
-        raise ValueError(f"x: {tokens} tokens, above the communicator's registered buffer of {comm.max_tokens}")
-    if os.environ.get(CHECK_RANKS_ENV, "") not in ("", "0"):
-        _check_across_ranks(comm, op, x)
+        raise ValueError(f"x: {tokens} tokens, above the communicator's registered buffer of {comm.max_tokens} "
+                         "tokens (communicator.create(max_tokens=...))")
     staged = comm.inputs[comm.rank]
     if tokens and x.data_ptr() != staged.data_ptr():
         staged[:tokens].copy_(x)
     return comm, tokens
 
 
-def _buffers(comm):
-    return (*comm.inputs, *comm.signals, comm.signals[comm.rank])
+def _buffers(comm, tier_name: str):
+    bufs = (*comm.inputs, *comm.signals, comm.signals[comm.rank])
+    if tier_name == "two_stage":
+        bufs += (*comm.sums, comm.sums[comm.rank])
+    return bufs
+
+
+def _grid(tier_name: str, tokens: int) -> tuple:
+    if tier_name == "two_stage":
+        return kernel.grid_blocks_two_stage(tokens), kernel.groups(tokens)
+    return (kernel.grid_blocks(tokens),)
 
 
 @warm_up.entry(VARIANTS, _modes("allreduce"), _mode_of)
@@ -84,9 +120,8 @@ def _allreduce(x: torch.Tensor) -> torch.Tensor:
     comm, tokens = _stage("allreduce", x)
     out = torch.empty_like(x)
     if tokens:
-        VARIANTS["allreduce.one_stage"](
-            *_buffers(comm), out, tokens, comm.rank, kernel.grid_blocks(tokens), host.stream_of(x)
-        )
+        t = tier(tokens)
+        VARIANTS[f"allreduce.{t}"](*_buffers(comm, t), out, tokens, comm.rank, *_grid(t, tokens), host.stream_of(x))
     return out
 
 
@@ -97,8 +132,9 @@ def _fused(
     comm, tokens = _stage("allreduce_fused_add_rmsnorm", x, residual, weight)
     out, residual_out = torch.empty_like(x), torch.empty_like(x)
     if tokens:
-        VARIANTS["allreduce_fused_add_rmsnorm.one_stage"](
-            *_buffers(comm), residual, weight, out, residual_out, tokens, comm.rank, eps, kernel.grid_blocks(tokens),
+        t = tier(tokens)
+        VARIANTS[f"allreduce_fused_add_rmsnorm.{t}"](
+            *_buffers(comm, t), residual, weight, out, residual_out, tokens, comm.rank, eps, *_grid(t, tokens),
             host.stream_of(x),
         )
     return out, residual_out
@@ -118,9 +154,10 @@ def _fused_mx(
     q, scales = _mx_outputs(x)
     residual_out = torch.empty_like(x)
     if tokens:
-        VARIANTS["allreduce_fused_add_rmsnorm_mxfp8.one_stage"](
-            *_buffers(comm), residual, weight, q, scales, residual_out, tokens, comm.rank, eps,
-            kernel.grid_blocks(tokens), host.stream_of(x),
+        t = tier(tokens)
+        VARIANTS[f"allreduce_fused_add_rmsnorm_mxfp8.{t}"](
+            *_buffers(comm, t), residual, weight, q, scales, residual_out, tokens, comm.rank, eps, *_grid(t, tokens),
+            host.stream_of(x),
         )
     return q, scales, residual_out
 

@@ -1,6 +1,6 @@
 """MoE block of gpt-oss-120b at TP8: hidden 2880, per-rank intermediate 384 of 2880 (vLLM's cut: 12 whole
 32-column scale blocks per rank, rank 7's 192 columns padded to 384), 128 experts, top-4, the gpt-oss
-activation. Design: amd_kernels/moe/mxfp4_moe/; sharding: amd_kernels/moe/prepare.py.
+activation. Design: amd_kernels/moe/mxfp4_moe/; sharding: kernels/moe/prepare.py.
 
 Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
 gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1). Both tiers sum K in

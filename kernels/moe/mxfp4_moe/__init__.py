@@ -123,7 +123,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
 
     def example_args_of(key):
         def example_args(m: int = 1):
-            w = {k: torch.zeros(s, dtype=prepare.WEIGHT_DTYPES[k]) for k, s in weight_shapes().items()}
+            # empty, not zeros: a compile reads shapes only, and zeroed weights are 1.7 GB of touched pages
+            w = {k: torch.empty(s, dtype=prepare.WEIGHT_DTYPES[k]) for k, s in weight_shapes().items()}
             x = torch.zeros(m, hidden, dtype=torch.bfloat16)
             return launch_args(key, x, torch.zeros(m, top_k), torch.zeros(m, top_k, dtype=torch.int32), w,
                                torch.zeros_like(x))

@@ -15,7 +15,7 @@ runtime token count and only sizes the grid; eps is a runtime fp32; stream is op
 with x, residual, out, residual_out: bf16 [M, 6144]; weight: bf16 [6144]; q: float8_e4m3fn [M, 6144];
 scales: uint8 [M, 192] (E8M0, one per 32 consecutive elements of a row).
 `VARIANTS["<op>.<tier>"] = (launcher, example_args_fn)` lists them for the host; tier "decode" is meant for
-M <= 512 (`DECODE_MAX_TOKENS`), "prefill" for larger M.
+M <= 512 (`warm_up.DECODE_MAX_TOKENS`), "prefill" for larger M.
 
 Design:
 - One wave owns one row. A row is 6144 bf16 = 12 KiB = 768 16-byte vectors = exactly 12 slots of 64 lanes:
@@ -59,7 +59,6 @@ Q_SLOT_BYTES = LANES * VEC  # 512 B of an fp8 row per slot
 SCALES = H // mxfp8.BLOCK  # 192 E8M0 bytes per row
 SCALES_PER_SLOT = LANES // mxfp8.LANES_PER_BLOCK  # 16
 
-DECODE_MAX_TOKENS = 512
 DECODE_WAVES = 1
 PREFILL_WAVES = 4
 

@@ -1,0 +1,305 @@
+"""Each instruction form that lockstep.py runs over a group of waves gives what every wave alone gives.
+
+Small assembled programs (asmkernel.py) run with 4 waves per workgroup and 2 workgroups, once wave by wave
+(lockstep=False) and once in lockstep, with the detectors off, on without interleaving (every wave meets the
+others at every PC) and on with a seeded interleaving: every wave's registers and the counters must be
+equal. Programs are written so that the waves differ (lanes out of a buffer's bounds in some waves only,
+partial EXEC), so both the whole and the partial forms of the group paths run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.emulator import engine, numerics
+from harness.emulator.ops_matrix import LANEWISE_CVT
+from harness.emulator.sanitizer import MemoryMap
+from harness.emulator.tests.asmkernel import run
+
+SANITIZE = [dict(), dict(sanitize={"waits", "hazards", "races"}),
+            dict(sanitize=True, interleave_seed=7, workgroup_order_seed=3)]
+IDS = ["plain", "sanitized", "interleaved"]
+
+
+def _inputs():
+    x = (np.arange(4096, dtype=np.uint64) * 2654435761 % (1 << 32)).astype(np.uint32)
+    x[256:260] = 0                       # s8..s11 (unused)
+    return x
+
+
+def _both(body, opts, regs, memory=None, **kw):
+    """Run `body` both ways; assert equal registers (rows `regs` of every wave) and counters."""
+    got = []
+    for lockstep in (False, True):
+        o = dict(opts, lockstep=lockstep)
+        if memory is not None:
+            o["memory"] = memory
+        r = run(body, inputs=_inputs(), block=256, grid=2, options=o, **kw)
+        waves = sorted(r.waves, key=lambda w: (w.wg_id, w.wave_id))
+        got.append(([w.v[regs].copy() for w in waves], r.record.counters, r.out.copy()))
+    (va, ca, oa), (vb, cb, ob) = got
+    assert ca == cb
+    assert len(va) == 8 and all(np.array_equal(a, b) for a, b in zip(va, vb))
+    np.testing.assert_array_equal(oa, ob)
+    return got[1]
+
+
+# buffer over the input, num_records 3000 bytes: lane offset 12 * thread, so wave 3 (threads 192..255,
+# bytes 2304..) is partly out of range and waves 0..2 are wholly in range (a different form per wave)
+BUFFER = """
+  s_load_dwordx2 s[24:25], s[0:1], 0x0
+  s_waitcnt lgkmcnt(0)
+  s_and_b32 s25, s25, 0xffff
+  s_movk_i32 s26, 3000
+  s_mov_b32 s27, 0x27000
+  v_mul_u32_u24 v21, 12, v0
+"""
+
+LOADS = BUFFER + """
+  v_mov_b32 v30, -1
+  v_mov_b32 v40, -1
+  v_mov_b32 v41, -1
+  buffer_load_dword v30, v21, s[24:27], 0 offen
+  buffer_load_dwordx4 v[32:35], v21, s[24:27], 0 offen offset:100
+  buffer_load_dwordx3 v[36:38], v21, s[24:27], 0 offen offset:600
+  buffer_load_dwordx2 v[42:43], v21, s[24:27], 0 offen offset:2
+  buffer_load_ushort v39, v21, s[24:27], 0 offen offset:6
+  buffer_load_sbyte_d16_hi v40, v21, s[24:27], 0 offen offset:3
+  buffer_load_short_d16 v41, v21, s[24:27], 0 offen offset:10
+  s_waitcnt vmcnt(0)
+  v_cmp_gt_u32 vcc, 0x2a, v0
+  v_and_b32 v22, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 20, v22
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  buffer_load_dwordx4 v[44:47], v21, s[24:27], 0 offen offset:16
+  buffer_load_dword v48, v21, s[24:27], 0 offen offset:2900
+  s_mov_b64 exec, 0
+  buffer_load_dword v49, v21, s[24:27], 0 offen
+  s_mov_b64 exec, s[32:33]
+  s_waitcnt vmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_buffer_loads_in_and_out_of_range_and_partial_exec(opts):
+    v, c, _ = _both(LOADS, opts, slice(30, 50))
+    # the program does what it says: wave 3 of each workgroup has lanes zero-filled, the others none
+    assert c["global_load_bytes"] > 0
+    wave3 = v[3]
+    lane_off = 12 * (192 + np.arange(64))
+    np.testing.assert_array_equal(wave3[0], np.where(lane_off + 4 <= 3000, _inputs()[lane_off // 4], 0))
+    assert (v[0][0] == _inputs()[12 * np.arange(64) // 4]).all()
+    # partial EXEC: lanes 0..20 of every wave keep the register's old value (0), the others loaded
+    tid = 64 + np.arange(64)
+    assert not v[1][14][:21].any()
+    np.testing.assert_array_equal(v[1][14][21:], _inputs()[(12 * tid + 16) // 4][21:])
+
+
+class _Map:
+    """A memory option (emulator.guard's interface) reaching [start, end) of the input and the kernarg."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def memory_map(self, extra=()):
+        return MemoryMap([(self.start, self.end, "input", None)] + list(extra))
+
+
+@pytest.mark.parametrize("access", ["buffer_load_dwordx4 v[32:35], v21, s[24:27], 0 offen offset:100",
+                                    "buffer_store_dword v2, v21, s[24:27], 0 offen"])
+@pytest.mark.parametrize("interleave", [False, True])
+def test_buffer_memory_report_names_the_same_wave(interleave, access):
+    """Only wave 3's lanes reach past the mapped bytes (2900 of the input): the report names it both ways."""
+    x = _inputs()
+    opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
+    msgs = []
+    for lockstep in (False, True):
+        mem = _Map(x.ctypes.data, x.ctypes.data + 2900)
+        with pytest.raises(engine.SanitizerReport) as err:
+            run(BUFFER + access + """
+              s_waitcnt vmcnt(0)
+            """, inputs=x, block=256, grid=1, options=dict(opts, lockstep=lockstep, memory=mem))
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1]
+    assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
+
+
+# per-wave operands (16 bytes per thread from the input), MFMAs with VGPR and constant accumulators, two
+# scale forms, and one unscaled FP4 one; each wave's registers differ
+MFMA = """
+  v_lshlrev_b32 v50, 4, v0
+  global_load_dwordx4 v[60:63], v50, s[20:21]
+  global_load_dwordx4 v[64:67], v50, s[20:21] offset:2048
+  global_load_dwordx4 v[68:71], v50, s[20:21] offset:1024
+  global_load_dwordx4 v[72:75], v50, s[20:21] offset:3072
+  global_load_dwordx4 v[84:87], v50, s[20:21] offset:512
+  s_waitcnt vmcnt(0)
+  v_and_b32 v76, 0x7f7f7f7f, v60
+  v_or_b32 v76, 0x78787878, v76
+  v_mov_b32 v77, 0x7c7e8081
+  v_mfma_scale_f32_16x16x128_f8f6f4 v[80:83], v[60:67], v[68:75], 0, v76, v77 op_sel_hi:[0,0,0]
+  v_mfma_scale_f32_16x16x128_f8f6f4 v[88:91], v[60:67], v[68:75], v[84:87], v77, v76 op_sel:[1,0,0] op_sel_hi:[0,1,0]
+  v_mfma_f32_16x16x128_f8f6f4 v[92:95], v[60:63], v[68:71], v[84:87] cbsz:4 blgp:4
+  s_nop 15
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_mfma_group_gathers_each_waves_operands(opts):
+    v, c, _ = _both(MFMA, opts, slice(80, 96))
+    assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8}
+    assert not np.array_equal(v[0], v[1])          # the waves computed different things
+
+
+@pytest.mark.parametrize("mnemonic", sorted(LANEWISE_CVT))
+def test_lanewise_conversions(mnemonic):
+    """A LANEWISE_CVT conversion over (waves, 64) sources gives each wave's (64,) result: random bits, with
+    op_sel / clamp / SDWA selector / abs-neg modifiers."""
+    rng = np.random.default_rng(len(mnemonic))
+    nsrc = len(numerics.CVT_SRC_DWORDS.get(mnemonic, (1,)))
+    ran = 0
+    for mods in ({}, {"op_sel": [1, 1, 0, 1]}, {"op_sel": [0, 0, 1, 0], "clamp": 1}, {"src0_sel": "BYTE_2"},
+                 {"abs": [1, 0], "neg": [0, 1]}):
+        srcs = [rng.integers(0, 1 << 32, (3, 64), dtype=np.uint64).astype(np.uint32) for _ in range(nsrc)]
+        if nsrc == 3:
+            srcs[2] = (rng.integers(100, 150, (3, 64)) << 23).astype(np.uint32)
+        old = rng.integers(0, 1 << 32, (3, 64), dtype=np.uint64).astype(np.uint32)
+        try:
+            want = np.stack([numerics.execute_cvt(mnemonic, [s[k] for s in srcs], old[k], dict(mods))
+                             for k in range(3)])
+        except NotImplementedError:
+            continue                     # a modifier the instruction does not take
+        np.testing.assert_array_equal(numerics.execute_cvt(mnemonic, srcs, old, dict(mods)), want)
+        ran += 1
+    assert ran >= 2
+
+
+CVT = """
+  v_lshlrev_b32 v50, 4, v0
+  global_load_dwordx4 v[60:63], v50, s[20:21]
+  s_waitcnt vmcnt(0)
+  v_mov_b32 v70, -1
+  v_mov_b32 v71, -1
+  v_mov_b32 v73, -1
+  v_cvt_pk_fp8_f32 v70, v60, v61
+  v_cvt_pk_fp8_f32 v70, v62, v63 op_sel:[0,0,1]
+  v_and_b32 v72, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 37, v72
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_mov_b32 v64, 0x3f800000
+  v_cvt_scalef32_pk_fp8_f32 v71, v60, v61, v64
+  v_cvt_pk_bf16_f32 v73, v62, v63
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_conversion_group_under_partial_exec(opts):
+    v, _, _ = _both(CVT, opts, slice(70, 74))
+    assert not np.array_equal(v[0], v[1])
+    assert (v[2][1][:38] == 0xFFFFFFFF).all() and (v[2][3][:38] == 0xFFFFFFFF).all()   # outside EXEC: kept
+
+
+# stores through a buffer over the output (32 KB), each form to its own region, per-thread disjoint bytes
+# (the group's one scatter), then a store under partial EXEC and one with lanes past num_records (wave by
+# wave)
+STORES = """
+  s_load_dwordx2 s[24:25], s[0:1], 0x8
+  s_waitcnt lgkmcnt(0)
+  s_and_b32 s25, s25, 0xffff
+  s_mov_b32 s26, 0x8000
+  s_mov_b32 s27, 0x27000
+  s_lshl_b32 s40, s2, 8
+  v_add_u32 v20, s40, v0
+  v_lshlrev_b32 v21, 4, v20
+  v_lshlrev_b32 v22, 2, v20
+  v_lshlrev_b32 v23, 1, v20
+  v_lshlrev_b32 v26, 3, v20
+  buffer_store_dwordx4 v[2:5], v21, s[24:27], 0 offen
+  s_movk_i32 s41, 0x2000
+  buffer_store_dword v3, v22, s[24:27], s41 offen
+  s_movk_i32 s41, 0x2800
+  buffer_store_dwordx2 v[4:5], v26, s[24:27], s41 offen
+  s_movk_i32 s41, 0x3800
+  buffer_store_short v4, v23, s[24:27], s41 offen
+  s_movk_i32 s41, 0x3c00
+  buffer_store_byte v5, v20, s[24:27], s41 offen
+  s_movk_i32 s41, 0x3e00
+  buffer_store_short_d16_hi v2, v23, s[24:27], s41 offen
+  v_and_b32 v24, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 40, v24
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  s_movk_i32 s41, 0x4200
+  buffer_store_dword v5, v22, s[24:27], s41 offen
+  s_mov_b64 exec, s[32:33]
+  s_movk_i32 s26, 0x73a0
+  v_mul_u32_u24 v25, 24, v20
+  s_movk_i32 s41, 0x4e20
+  buffer_store_dwordx3 v[2:4], v25, s[24:27], s41 offen
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_buffer_stores_every_form(opts):
+    _, c, out = _both(STORES, opts, slice(2, 6), out_words=8192)
+    assert c["global_store_bytes"] > 0
+    np.testing.assert_array_equal(out[0:1024:4], _inputs()[:256])            # dwordx4 lane t: v2 = in[t]
+
+
+# every wave of both workgroups stores to the same 256 bytes: the last writer wins, the same one both ways
+# (without interleaving both ways run the waves in slot order)
+OVERLAP = """
+  s_load_dwordx2 s[24:25], s[0:1], 0x8
+  s_waitcnt lgkmcnt(0)
+  s_and_b32 s25, s25, 0xffff
+  s_mov_b32 s26, 0x4000
+  s_mov_b32 s27, 0x27000
+  v_and_b32 v20, 0x3f, v0
+  v_lshlrev_b32 v21, 2, v20
+  v_lshlrev_b32 v22, 10, v0
+  v_add_u32 v22, s2, v22
+  buffer_store_dword v22, v21, s[24:27], 0 offen
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE[:2], ids=IDS[:2])
+def test_overlapping_stores_last_wave_wins(opts):
+    _, _, out = _both(OVERLAP, opts, slice(20, 23))
+    np.testing.assert_array_equal(out[:64], (192 + np.arange(64)) * 1024 + 1)
+
+
+# compares (VCC, an SGPR pair, EXEC; integer, float, class; an SGPR source that differs per workgroup) and
+# selects on their masks under partial EXEC; each wave's data differs
+COMPARE = """
+  v_xor_b32 v30, v2, v3
+  v_and_b32 v24, 0x3f, v0
+  v_cmp_gt_u32 vcc, v2, v3
+  v_cndmask_b32 v40, v4, v5, vcc
+  v_cmp_lt_f32 s[30:31], v4, v5
+  v_cndmask_b32 v41, v2, v30, s[30:31]
+  v_cmp_class_f32 s[34:35], v5, 0x3f
+  v_cmp_eq_u32 s[36:37], s2, v24
+  v_cmp_ne_u32 vcc, 0, v24
+  v_cndmask_b32 v42, -v4, |v5|, s[34:35]
+  s_mov_b64 s[38:39], exec
+  v_cmpx_le_u32 s[32:33], 21, v24
+  v_cmp_ge_i32 vcc, v2, v5
+  v_cndmask_b32 v43, 7, v3, vcc
+  v_cndmask_b32 v44, v2, 0, s[36:37]
+  s_mov_b64 exec, s[38:39]
+  v_mov_b32 v45, s30
+  v_mov_b32 v46, s31
+  v_mov_b32 v47, s34
+  v_mov_b32 v48, s36
+  v_mov_b32 v49, s32
+  v_mov_b32 v50, vcc_lo
+  v_mov_b32 v51, vcc_hi
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_compares_and_selects(opts):
+    v, _, _ = _both(COMPARE, opts, slice(40, 52))
+    assert not np.array_equal(v[0], v[1])
+    assert not v[0][3][:21].any() and v[0][3][21:].all()        # v43 outside EXEC (lanes < 21): old (0)

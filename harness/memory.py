@@ -1,0 +1,95 @@
+"""The test process's memory: its peak resident set per test, and releasing the references' cached inputs.
+
+The whole suite runs in two xdist workers on a 24 GiB machine; a worker that holds one MoE shape's
+checkpoint (1.6 GB at TP1) and prepared weights (1.7 GB) while the next shape builds its own would not fit
+beside the other. conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this
+process only: xdist workers and a plain run alike) passes the limit, and releases the caches between tests
+that do not share their inputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import pkgutil
+
+LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
+DEFAULT_LIMIT_MIB = 10240  # the goal is 4096: the TP1 MoE worker holds more than 6 GiB between its cases (README)
+
+
+def limit_mib() -> int:
+    """The per-test peak RSS limit in MiB (AMD_KERNELS_TEST_RSS_LIMIT_MIB; 0 turns the check off)."""
+    raw = os.environ.get(LIMIT_ENV, "")
+    if raw == "":
+        return DEFAULT_LIMIT_MIB
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{LIMIT_ENV}={raw!r}: expected a whole number of MiB (0: no limit)") from None
+    if value < 0:
+        raise ValueError(f"{LIMIT_ENV}={raw!r}: expected a whole number of MiB (0: no limit)")
+    return value
+
+
+def status_kib(field: str) -> int:
+    """A /proc/self/status field in KiB (VmRSS: resident now, VmHWM: the peak since the last reset)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise LookupError(f"/proc/self/status has no {field}")
+
+
+def reset_peak() -> bool:
+    """Restart VmHWM from the current RSS (Linux: write 5 to /proc/self/clear_refs). False if not allowed:
+    VmHWM is then the process's peak so far."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def cached_functions():
+    """The references' functools caches (built inputs, checkpoint weights, tables)."""
+    import references
+
+    for info in pkgutil.iter_modules(references.__path__):
+        module = importlib.import_module(f"references.{info.name}")
+        for fn in vars(module).values():
+            if callable(getattr(fn, "cache_clear", None)) and hasattr(fn, "__wrapped__"):
+                yield fn
+
+
+def return_freed_memory() -> None:
+    """Make glibc hand freed blocks of 1 MiB and more back to the system at once (mmap'd, not kept in the
+    heap). Its default threshold rises to 32 MiB as big blocks are freed, and an emulated MoE case then
+    leaves ~0.7 GB of freed but still resident heap behind, case after case."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc mallopt parameters
+    libc.mallopt(m_mmap_threshold, 1 << 20)
+    libc.mallopt(m_trim_threshold, 8 << 20)
+
+
+def release_caches() -> bool:
+    """Drop the references' cached inputs (the MoE packages' prepared weights go with their checkpoint, by
+    reference counting) and hand freed heap pages back to the system. True if anything was cached."""
+    held = [fn for fn in cached_functions() if fn.cache_info().currsize]
+    for fn in held:
+        fn.cache_clear()
+    trim()
+    return bool(held)
+
+
+def trim() -> None:
+    """Return the free pages inside glibc's heap to the system (an emulated MoE run leaves ~0.3-0.7 GB of
+    them: small blocks freed between live ones, which no threshold releases)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
