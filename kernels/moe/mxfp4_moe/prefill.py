@@ -78,12 +78,13 @@ def super_tile(geo, te_rsrc, tile, e, n_tiles, lane):
 
 def _stage(ops, base, vals, wv, lane, per):
     """Write this wave's staged vectors (groups wv, wv + SUB, ...) to LDS at `base` (dwords, `per` each)."""
+    at = ops + fx.Int64((wv * 64 + lane) * per)  # the lane's pointer; the constant part folds into the offset
     for i in range_constexpr(len(vals)):
-        fx.ptr_store(vals[i], ops + fx.Int64(base + ((i * SUB + wv) * 64 + lane) * per))
+        fx.ptr_store(vals[i], at + fx.Int64(base + i * SUB * 64 * per))
 
 
 def _read(ops, base, g, lane, per, ty):
-    return fx.ptr_load(ops + fx.Int64(base + (g * 64 + lane) * per), result_type=ty)
+    return fx.ptr_load((ops + fx.Int64(lane * per)) + fx.Int64(base + g * 64 * per), result_type=ty)
 
 
 def _load(ty, rsrc, voff, soff: int):
@@ -230,6 +231,7 @@ def _gate_up_body(geo, v, compute: bool):
                     chain = _mfmas(v.ops, b_dw, chain, a, sa, b, b, v.lane, ks >= ks1)
         if compute:
             grp, tot = _fold(geo.group, c, chain, grp, tot)
+            buffer.keep_issued_above()  # the fold before the next chain: two chains live at once would spill past 256
     if compute:
         r = v.lane % 16
         for cb in range_constexpr(nq):
