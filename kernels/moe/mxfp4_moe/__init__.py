@@ -19,9 +19,10 @@ position.
 3. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
                pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot (one writer per element).
 4. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
-Prefill tier ("moe.prefill", M >= prefill.PREFILL_TOKENS): launches 2 and 3 are prefill.py's instead, over
-super-tiles of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows are staged once
-per workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs, same grouping).
+Prefill tier ("moe.prefill", variant_for below): launches 2 and 3 are prefill.py's instead, over super-tiles
+of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows are staged once per
+workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs, same grouping). Its
+sort launch also writes the super-tile table (meta), and its grid is prefill.max_supers.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
@@ -50,6 +51,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     splits K over up to that many waves per workgroup."""
     geo = Geometry.of(hidden, ip, experts, top_k, activation, name, small_m_waves)
     k_quant_sort = quant_sort.make(geo)
+    k_quant_sort_prefill = quant_sort.make(geo, prefill.SUB)  # also writes the super-tile table
     gate_ups = {False: gate_up.make(geo, 4, f"{name}_gate_up")}
     if small_m_waves:
         gate_ups[True] = gate_up.make(geo, small_m_waves, f"{name}_gate_up_small_m")
@@ -59,7 +61,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
 
     def launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
                    xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
-        k_quant_sort(x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
+        (k_quant_sort_prefill if small_m == "prefill" else k_quant_sort)(
+            x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
             grid=(m + 1, 1, 1), block=(64, 1, 1), stream=stream)
         s1, waves = gate_ups[small_m]
         s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
@@ -100,13 +103,15 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         pairs = m * top_k
         tiles = max(1, max_tiles(pairs, experts))
         rows = tiles * ROWS
+        supers = max(1, prefill.max_supers(pairs, experts))
         u8 = dict(dtype=torch.uint8, device=device)
         i32 = dict(dtype=torch.int32, device=device)
         return dict(xq=torch.empty(m, geo.hp, **u8), xs=torch.empty(m, geo.kg1 * 16, **u8),
                     sorted_pairs=torch.empty(rows, **i32), tile_expert=torch.empty(tiles, **i32),
-                    meta=torch.zeros(4, **i32), inter_q=torch.empty(rows, ip, **u8),
+                    # meta: [0] the tile count; [1] and [4:] the prefill tier's super-tiles (prefill.py)
+                    meta=torch.zeros(4 + supers, **i32), inter_q=torch.empty(rows, ip, **u8),
                     inter_s=torch.empty(rows, geo.kg2 * 16, **u8),
-                    y=torch.empty(max(pairs, 1), hidden, dtype=torch.bfloat16, device=device)), tiles
+                    y=torch.empty(max(pairs, 1), hidden, dtype=torch.bfloat16, device=device)), tiles, supers
 
     def weight_shapes():
         return dict(w13=(experts, geo.ng1, geo.ks1, 64, 16), w13_scale=(experts, geo.ng1, geo.kg1, 64, 4),
@@ -116,10 +121,10 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     def launch_args(key, x, topk_weights, topk_ids, w, out, device="cpu"):
         """The launcher's positional arguments (without the stream) for variant `key`."""
         m = x.shape[0]
-        ws, tiles = workspace(m, device)
+        ws, tiles, supers = workspace(m, device)
         return (x, topk_weights, topk_ids, w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"],
                 w["w2_bias"], w["shard"], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], ws["meta"],
-                ws["inter_q"], ws["inter_s"], ws["y"], out, m, tiles)
+                ws["inter_q"], ws["inter_s"], ws["y"], out, m, supers if key == "moe.prefill" else tiles)
 
     def example_args_of(key):
         def example_args(m: int = 1):

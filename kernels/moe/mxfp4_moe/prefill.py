@@ -1,11 +1,12 @@
 """The prefill tier's gate-up and down launches (token counts >= PREFILL_TOKENS): super-tiles of up to SUB
 16-row tiles of one expert, whose weight tile is loaded once per workgroup and shared through LDS.
 
-Same sort as the other tiers (16-row tiles, each expert padded to 16 rows, experts in order). The grid stays
-(max_tiles, column blocks); workgroup t leads a super-tile when its tile is the first, the (SUB+1)-th, ... of
-its expert's tiles (`super_tile` below), else it exits at once. The leader's SUB waves each own one 16-row
-tile of the super-tile (wave w: tile t + w, idle when the expert has fewer tiles), so each weight byte is
-loaded once per super-tile instead of once per 16 rows.
+Same sort as the other tiers (16-row tiles, each expert padded to 16 rows, experts in order); the tier's
+own sort launch (quant_sort.make(geo, SUB)) also writes the super-tile table: up to SUB consecutive tiles of
+one expert each, their count in meta[1]. The grid is (max_supers, column blocks): workgroup s runs
+super-tile s (`super_tile` below; workgroups past the count exit after two loads, and the bound is near the
+count). Its SUB waves each own one 16-row tile (wave w: the first tile + w, idle when the super-tile has
+fewer tiles), so each weight byte is loaded once per super-tile instead of once per 16 rows.
 
 Per 128-K step the workgroup stages the weight rows of its column block (NG groups of 16 rows, 1 KiB each)
 and, every 4 K-steps, their scale dwords into LDS: wave w loads groups w, w + SUB, ... (same offsets and the
@@ -30,9 +31,8 @@ from flydsl.expr.typing import T
 
 from amd_kernels.common import buffer, mfma, wave
 from amd_kernels.moe.mxfp4_moe import gate_up
-from amd_kernels.moe.mxfp4_moe.common import (ballot, bf16_bits, dword, num_tiles, popc64, sub_resource,
-                                              tile_prologue)
-from amd_kernels.moe.mxfp4_moe.geometry import KSTEP, ROWS, max_tiles
+from amd_kernels.moe.mxfp4_moe.common import bf16_bits, dword, sub_resource, tile_prologue
+from amd_kernels.moe.mxfp4_moe.geometry import KSTEP, ROWS
 
 SUB = 4  # 16-row tiles per super-tile = waves per workgroup (64 rows)
 PREFILL_TOKENS = 256  # the tier serves M >= this
@@ -51,29 +51,21 @@ def down_blocks(geo) -> int:
     return next(q for q in (5, 4, 3, 2, 1) if geo.nb2 % q == 0)
 
 
-def super_tile(geo, te_rsrc, tile, e, n_tiles, lane):
-    """(leader, tiles): does workgroup `tile` lead a super-tile, and how many tiles (1..SUB) it holds.
-    The expert's first tile comes from a 64-ary search of the sorted tile_expert (non-decreasing), a few
-    ballots; the lanes j < SUB then count the expert's tiles from `tile` on."""
-    span = 1
-    while span < max_tiles(geo.max_tokens * geo.top_k, geo.experts):
-        span *= 64
-    lo = fx.Int32(0)
-    first = None
-    while span > 1:  # first tile of e in [lo, lo + span): probes lo + lane * span / 64
-        span //= 64
-        idx = lo + lane * span
-        inside = idx <= tile  # te[tile] == e, so every tile up to it is sorted and below the count
-        less = inside & (dword(te_rsrc, inside.select(idx * 4, buffer.never_in_range())) < e)
-        k = popc64(ballot(less))
-        if span > 1:
-            lo = wave.uniform_i32((k > 0).select(lo + (k - 1) * span + 1, lo))
-        else:
-            first = wave.uniform_i32(lo + k)
-    idx = tile + lane
-    ok = (lane < SUB) & (idx < n_tiles)
-    same = ok & (dword(te_rsrc, ok.select(idx * 4, buffer.never_in_range())) == e)
-    return ((tile - first) % SUB) == 0, wave.uniform_i32(popc64(ballot(same)))
+def max_supers(pairs: int, experts: int) -> int:
+    """Upper bound of the super-tiles for `pairs` pairs: expert e has ceil(n_e / (16 SUB)) of them, at most
+    n_e // 64 + 1 when n_e > 0. The grid of the tier's tile launches (only they can have work)."""
+    return pairs // (ROWS * SUB) + min(experts, pairs)
+
+
+def super_tile(geo, meta, m):
+    """(super-tiles, first tile, tiles) of this workgroup's super-tile, from the table the tier's sort wrote
+    (quant_sort.py: meta[1] the count, meta[4 + s] = first tile * 8 + tiles). The two loads are independent."""
+    pairs = m * geo.top_k
+    bound = pairs // (ROWS * SUB) + fx.min(pairs, fx.Int32(geo.experts))
+    rsrc = buffer.tensor_resource(meta, fx.Int64(bound + 4) * 4)
+    n = wave.uniform_i32(dword(rsrc, 4))
+    packed = wave.uniform_i32(dword(rsrc, (fx.block_idx.x + 4) * 4))
+    return n, packed >> 3, packed & 7
 
 
 def _stage(ops, base, vals, wv, lane, per):
@@ -146,7 +138,7 @@ def _mfmas(ops, b_dw, accs, a, sa, sel_a, sel_b, lane, zero_b):
 
 
 def make_gate_up(geo, kname: str):
-    """-> (kernel, waves per workgroup). grid (max_tiles, IP / (32 gu_blocks))."""
+    """-> (kernel, waves per workgroup). grid (max_supers, IP / (32 gu_blocks))."""
     ks1, kg1, hp, ng1, top_k = geo.ks1, geo.kg1, geo.hp, geo.ng1, geo.top_k
     nq = gu_blocks(geo)
     ng = 4 * nq
@@ -164,42 +156,38 @@ def make_gate_up(geo, kname: str):
         ops = fx.SharedAllocator().allocate(PfLds).peek().ops.ptr
         lane, wv = wave.lane_and_wave(fx.thread_idx.x, SUB)
         r, q = lane % 16, lane // 16
-        tile = fx.block_idx.x
         nbp = fx.block_idx.y
-        n_tiles = num_tiles(meta)
-        if tile < n_tiles:
+        n_sup, tile, count = super_tile(geo, meta, m)
+        if fx.block_idx.x < n_sup:
             t = tile_prologue(geo, sorted_pairs, tile_expert, shard, tile, m)
-            te_rsrc = buffer.tensor_resource(tile_expert, t.rows_b // ROWS * 4)
-            lead, count = super_tile(geo, te_rsrc, tile, t.e, n_tiles, lane)
-            if lead:
-                sub = tile + wv  # this wave's 16-row tile
-                pair = dword(t.sp_rsrc, (sub * ROWS + r) * 4)
-                token = pair // top_k
-                mine = (wv < count) & (pair >= 0)
-                a_row = mine.select(token * hp + q * 16, buffer.never_in_range())
-                as_row = mine.select(token * (kg1 * 16) + q * 4, buffer.never_in_range())
-                g0 = t.e * ng1 + nbp * ng
-                mine_g = [i * SUB + wv for i in range(ng // SUB)]  # the groups this wave stages (wave-uniform)
-                # staged group g: column half g % 2 of block g // 4
-                live = [_live(t, (nbp * nq + g // 4) * 32 + 16 * (g % 2) + r) for g in mine_g]
-                v = SimpleNamespace(
-                    ops=ops, lane=lane, wv=wv, q=q, sub=sub, nbp=nbp, t=t, a_row=a_row, as_row=as_row,
-                    a_rsrc=buffer.tensor_resource(xq, fx.Int64(m) * hp),
-                    as_rsrc=buffer.tensor_resource(xs, fx.Int64(m) * (kg1 * 16)),
-                    b_rsrc=sub_resource(w13, fx.Int64(g0) * (ks1 * 1024), ng * ks1 * 1024),
-                    bs_rsrc=sub_resource(w13_scale, fx.Int64(g0) * (kg1 * 256), ng * kg1 * 256),
-                    # this lane's staged vectors: K-step ks at b_base + ks * 1024, scale dword j at s_base + j * 256
-                    b_base=[lv.select(g * (ks1 * 1024) + lane * 16, buffer.never_in_range())
-                            for g, lv in zip(mine_g, live)],
-                    s_base=[lv.select(g * (kg1 * 256) + lane * 4, buffer.never_in_range())
-                            for g, lv in zip(mine_g, live)],
-                    w13_bias=w13_bias, inter_q=inter_q, inter_s=inter_s)
-                # Two copies of the K loop: the waves past the expert's tiles only stage (same loads and
-                # barriers), without MFMAs; one branch, no values carried out of it.
-                if wv < count:
-                    _gate_up_body(geo, v, True)
-                else:
-                    _gate_up_body(geo, v, False)
+            sub = tile + wv  # this wave's 16-row tile
+            pair = dword(t.sp_rsrc, (sub * ROWS + r) * 4)
+            token = pair // top_k
+            mine = (wv < count) & (pair >= 0)
+            a_row = mine.select(token * hp + q * 16, buffer.never_in_range())
+            as_row = mine.select(token * (kg1 * 16) + q * 4, buffer.never_in_range())
+            g0 = t.e * ng1 + nbp * ng
+            mine_g = [i * SUB + wv for i in range(ng // SUB)]  # the groups this wave stages (wave-uniform)
+            # staged group g: column half g % 2 of block g // 4
+            live = [_live(t, (nbp * nq + g // 4) * 32 + 16 * (g % 2) + r) for g in mine_g]
+            v = SimpleNamespace(
+                ops=ops, lane=lane, wv=wv, q=q, sub=sub, nbp=nbp, t=t, a_row=a_row, as_row=as_row,
+                a_rsrc=buffer.tensor_resource(xq, fx.Int64(m) * hp),
+                as_rsrc=buffer.tensor_resource(xs, fx.Int64(m) * (kg1 * 16)),
+                b_rsrc=sub_resource(w13, fx.Int64(g0) * (ks1 * 1024), ng * ks1 * 1024),
+                bs_rsrc=sub_resource(w13_scale, fx.Int64(g0) * (kg1 * 256), ng * kg1 * 256),
+                # this lane's staged vectors: K-step ks at b_base + ks * 1024, scale dword j at s_base + j * 256
+                b_base=[lv.select(g * (ks1 * 1024) + lane * 16, buffer.never_in_range())
+                        for g, lv in zip(mine_g, live)],
+                s_base=[lv.select(g * (kg1 * 256) + lane * 4, buffer.never_in_range())
+                        for g, lv in zip(mine_g, live)],
+                w13_bias=w13_bias, inter_q=inter_q, inter_s=inter_s)
+            # Two copies of the K loop: the waves past the expert's tiles only stage (same loads and
+            # barriers), without MFMAs; one branch, no values carried out of it.
+            if wv < count:
+                _gate_up_body(geo, v, True)
+            else:
+                _gate_up_body(geo, v, False)
 
     return k_gate_up_prefill, SUB
 
@@ -242,7 +230,7 @@ def _gate_up_body(geo, v, compute: bool):
 
 
 def make_down(geo):
-    """grid (max_tiles, h / (64 down_blocks))."""
+    """grid (max_supers, h / (64 down_blocks))."""
     ip, ks2, kg2, ng2 = geo.ip, geo.ks2, geo.kg2, geo.ng2
     nq = down_blocks(geo)
     ng = 4 * nq
@@ -260,33 +248,29 @@ def make_down(geo):
         ops = fx.SharedAllocator().allocate(PfLds).peek().ops.ptr
         lane, wv = wave.lane_and_wave(fx.thread_idx.x, SUB)
         r, q = lane % 16, lane // 16
-        tile = fx.block_idx.x
         nbp = fx.block_idx.y
-        n_tiles = num_tiles(meta)
-        if tile < n_tiles:
+        n_sup, tile, count = super_tile(geo, meta, m)
+        if fx.block_idx.x < n_sup:
             t = tile_prologue(geo, sorted_pairs, tile_expert, shard, tile, m)
-            te_rsrc = buffer.tensor_resource(tile_expert, t.rows_b // ROWS * 4)
-            lead, count = super_tile(geo, te_rsrc, tile, t.e, n_tiles, lane)
-            if lead:
-                sub = tile + wv
-                real_a = (wv < count) & (dword(t.sp_rsrc, (sub * ROWS + r) * 4) >= 0)
-                g0 = t.e * ng2 + nbp * ng
-                mine_g = [i * SUB + wv for i in range(ng // SUB)]
-                v = SimpleNamespace(
-                    ops=ops, lane=lane, wv=wv, q=q, sub=sub, nbp=nbp, t=t, m=m,
-                    a_row=real_a.select((sub * ROWS + r) * ip + q * 16, buffer.never_in_range()),
-                    as_row=real_a.select((sub * ROWS + r) * (kg2 * 16) + q * 4, buffer.never_in_range()),
-                    a_rsrc=buffer.tensor_resource(inter_q, t.rows_b * ip),
-                    as_rsrc=buffer.tensor_resource(inter_s, t.rows_b * (kg2 * 16)),
-                    b_rsrc=sub_resource(w2, fx.Int64(g0) * (ks2 * 1024), ng * ks2 * 1024),
-                    bs_rsrc=sub_resource(w2_scale, fx.Int64(g0) * (kg2 * 256), ng * kg2 * 256),
-                    b_base=[g * (ks2 * 1024) + lane * 16 for g in mine_g],
-                    s_base=[g * (kg2 * 256) + lane * 4 for g in mine_g],
-                    w2_bias=w2_bias, topk_weights=topk_weights, y=y)
-                if wv < count:
-                    _down_body(geo, v, True)
-                else:
-                    _down_body(geo, v, False)
+            sub = tile + wv
+            real_a = (wv < count) & (dword(t.sp_rsrc, (sub * ROWS + r) * 4) >= 0)
+            g0 = t.e * ng2 + nbp * ng
+            mine_g = [i * SUB + wv for i in range(ng // SUB)]
+            v = SimpleNamespace(
+                ops=ops, lane=lane, wv=wv, q=q, sub=sub, nbp=nbp, t=t, m=m,
+                a_row=real_a.select((sub * ROWS + r) * ip + q * 16, buffer.never_in_range()),
+                as_row=real_a.select((sub * ROWS + r) * (kg2 * 16) + q * 4, buffer.never_in_range()),
+                a_rsrc=buffer.tensor_resource(inter_q, t.rows_b * ip),
+                as_rsrc=buffer.tensor_resource(inter_s, t.rows_b * (kg2 * 16)),
+                b_rsrc=sub_resource(w2, fx.Int64(g0) * (ks2 * 1024), ng * ks2 * 1024),
+                bs_rsrc=sub_resource(w2_scale, fx.Int64(g0) * (kg2 * 256), ng * kg2 * 256),
+                b_base=[g * (ks2 * 1024) + lane * 16 for g in mine_g],
+                s_base=[g * (kg2 * 256) + lane * 4 for g in mine_g],
+                w2_bias=w2_bias, topk_weights=topk_weights, y=y)
+            if wv < count:
+                _down_body(geo, v, True)
+            else:
+                _down_body(geo, v, False)
 
     return k_down_prefill
 

@@ -4,7 +4,6 @@ sampled token rows need. Host-only; the emulator calls it, the kernels never do.
 import torch
 
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS
-from amd_kernels.moe.mxfp4_moe.prefill import SUB
 
 
 def make(geo):
@@ -12,7 +11,7 @@ def make(geo):
     # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
     tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4),
                      f"{name}_gate_up_prefill": (2, 4), f"{name}_down_prefill": (2, 4)}
-    super_launches = {f"{name}_gate_up_prefill", f"{name}_down_prefill"}  # tile_expert is argument 3
+    super_launches = {f"{name}_gate_up_prefill", f"{name}_down_prefill"}  # workgroup x: super-tile x
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """The workgroups `tokens`' output rows need (None: all of them). quant and sort run whole; gate-up
@@ -23,14 +22,18 @@ def make(geo):
         if kernel not in tile_launches:
             return None
         sp, mt = (pointers[i] for i in tile_launches[kernel])
-        n_tiles = min(int.from_bytes(read(mt, 4), "little"), grid[0])
+        n_tiles = int.from_bytes(read(mt, 4), "little")
+        if kernel not in super_launches:
+            n_tiles = min(n_tiles, grid[0])
         pairs = torch.frombuffer(bytearray(read(sp, n_tiles * ROWS * 4)), dtype=torch.int32).reshape(-1, ROWS)
         wanted = torch.tensor(sorted(tokens), dtype=torch.int32)
         hit = ((pairs >= 0) & torch.isin(pairs // top_k, wanted)).any(dim=1)
         tiles = [int(t) for t in hit.nonzero().flatten()]
-        if kernel in super_launches:  # the workgroup leading the tile's super-tile (prefill.super_tile)
-            te = torch.frombuffer(bytearray(read(pointers[3], n_tiles * 4)), dtype=torch.int32).tolist()
-            tiles = [t - (t - te.index(te[t])) % SUB for t in tiles]
+        if kernel in super_launches:  # the super-tile holding the tile (the table in meta, prefill.super_tile)
+            n_sup = min(int.from_bytes(read(mt + 4, 4), "little"), grid[0])
+            table = torch.frombuffer(bytearray(read(mt + 16, n_sup * 4)), dtype=torch.int32).tolist()
+            of = {first // 8 + i: s for s, first in enumerate(table) for i in range(first % 8)}
+            tiles = [of[t] for t in tiles]
         return {(t, y, z) for t in tiles for y in range(grid[1]) for z in range(grid[2])}
 
     return emulator_workgroups
