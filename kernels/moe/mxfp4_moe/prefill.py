@@ -106,16 +106,21 @@ def _gate_up_loads(geo, ks, q, b_rsrc, a_rsrc, a_row, b_base, compute: bool):
     return b_in, a_lo.shuffle(a_hi, list(range(8)))
 
 
-def _stage_step(ops, b_dw, wait, b_in, sbs_in, wv, lane):
-    """Stage one K-step: (after every wave has read the previous one) this wave's weight vectors and, every
-    4 K-steps, scale dwords; then the barrier that makes them visible."""
+def _bufs(b_dw, s_dw, ks):
+    """LDS dword offsets of K-step ks's weight rows and scale dwords. Two buffers of each, alternating by
+    K-step (weights) and by 4 K-steps (scales): the one barrier after a step's stores also tells that every
+    wave has read the buffer they overwrite (read two steps, or two scale periods, earlier)."""
+    return (ks % 2) * b_dw, 2 * b_dw + (ks // 4 % 2) * s_dw
+
+
+def _stage_step(ops, at, b_in, sbs_in, wv, lane):
+    """Stage one K-step (`at` from _bufs): this wave's weight vectors and, every 4 K-steps, scale dwords; then
+    the barrier that makes them visible."""
     buffer.keep_issued_above()  # the step's loads stay in this step (else hoisted loads raise the VGPR count)
-    if wait:
-        gpu.barrier()
     if b_in is not None:
-        _stage(ops, 0, b_in, wv, lane, 4)
+        _stage(ops, at[0], b_in, wv, lane, 4)
     if sbs_in is not None:
-        _stage(ops, b_dw, sbs_in, wv, lane, 1)
+        _stage(ops, at[1], sbs_in, wv, lane, 1)
     gpu.barrier()
 
 
@@ -127,12 +132,12 @@ def _fold(group, c, chain, grp, tot):
     return grp, tot
 
 
-def _mfmas(ops, b_dw, accs, a, sa, sel_a, sel_b, lane, zero_b):
+def _mfmas(ops, at, accs, a, sa, sel_a, sel_b, lane, zero_b):
     """One K-step of a wave's 16-row tile against the staged groups (zero_b: the step past HP, zeros)."""
     out = []
     for g in range_constexpr(len(accs)):
-        bv = fx.Vector.filled(4, 0, fx.Int32) if zero_b else fx.Vector(_read(ops, 0, g, lane, 4, T.i32x4))
-        sb = fx.Int32(_read(ops, b_dw, g, lane, 1, T.i32))
+        bv = fx.Vector.filled(4, 0, fx.Int32) if zero_b else fx.Vector(_read(ops, at[0], g, lane, 4, T.i32x4))
+        sb = fx.Int32(_read(ops, at[1], g, lane, 1, T.i32))
         out.append(mfma.scale_fp8_fp4(a, bv, accs[g], sa, sel_a, sb, sel_b))
     return out
 
@@ -143,11 +148,11 @@ def make_gate_up(geo, kname: str):
     nq = gu_blocks(geo)
     ng = 4 * nq
     assert ng % SUB == 0, ng
-    b_dw, s_dw = ng * 256, ng * 64  # LDS dwords: the step's weight rows, then the 4 steps' scale dwords
+    b_dw, s_dw = ng * 256, ng * 64  # LDS dwords: a step's weight rows, 4 steps' scale dwords (2 buffers each)
 
     @fx.struct
     class PfLds:
-        ops: fx.Array[fx.Int32, b_dw + s_dw, 16]
+        ops: fx.Array[fx.Int32, 2 * (b_dw + s_dw), 16]
 
     @flyc.kernel(name=kname, known_block_size=[SUB * 64, 1, 1])
     def k_gate_up_prefill(xq: fx.Tensor, xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor,
@@ -201,7 +206,7 @@ def _gate_up_body(geo, v, compute: bool):
     ks1 = geo.ks1
     nq = gu_blocks(geo)
     ng = 4 * nq
-    b_dw = ng * 256
+    b_dw, s_dw = ng * 256, ng * 64
     ksw = geo.k_steps_per_wave(4)  # the 4-wave tier's K-step count, zero steps past HP included
     n_chunks = -(-ks1 // ksw) * ksw // geo.chunk
     tot, grp = None, None
@@ -214,9 +219,10 @@ def _gate_up_body(geo, v, compute: bool):
             for b in range_constexpr(4):
                 ks = c * geo.chunk + s4 * 4 + b
                 b_in, a = _gate_up_loads(geo, ks, v.q, v.b_rsrc, v.a_rsrc, v.a_row, v.b_base, compute)
-                _stage_step(v.ops, b_dw, c + s4 + b > 0, b_in, sbs_in if b == 0 else None, v.wv, v.lane)
+                at = _bufs(b_dw, s_dw, ks)
+                _stage_step(v.ops, at, b_in, sbs_in if b == 0 else None, v.wv, v.lane)
                 if compute:
-                    chain = _mfmas(v.ops, b_dw, chain, a, sa, b, b, v.lane, ks >= ks1)
+                    chain = _mfmas(v.ops, at, chain, a, sa, b, b, v.lane, ks >= ks1)
         if compute:
             grp, tot = _fold(geo.group, c, chain, grp, tot)
             buffer.keep_issued_above()  # the fold before the next chain: two chains live at once would spill past 256
@@ -239,7 +245,7 @@ def make_down(geo):
 
     @fx.struct
     class PfLds:
-        ops: fx.Array[fx.Int32, b_dw + s_dw, 16]
+        ops: fx.Array[fx.Int32, 2 * (b_dw + s_dw), 16]
 
     @flyc.kernel(name=f"{geo.name}_down_prefill", known_block_size=[SUB * 64, 1, 1])
     def k_down_prefill(inter_q: fx.Tensor, inter_s: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor,
@@ -279,7 +285,7 @@ def _down_body(geo, v, compute: bool):
     """The K loop (one chain over K = IP, as the 16-row down) and, with compute, the epilogue."""
     ks2, kg2 = geo.ks2, geo.kg2
     ng = 4 * down_blocks(geo)
-    b_dw = ng * 256
+    b_dw, s_dw = ng * 256, ng * 64
     accs = [mfma.zeros() for _ in range_constexpr(ng)]
     for j in range_constexpr(kg2):
         sa = fx.Int32(_load(T.i32, v.as_rsrc, v.as_row, j * 16)) if compute else None
@@ -290,11 +296,12 @@ def _down_body(geo, v, compute: bool):
             k_live = (k0 + 32 > v.t.live_lo) & (k0 < v.t.live_hi)
             b_in = [fx.Vector(_load(T.i32x4, v.b_rsrc, k_live.select(o, buffer.never_in_range()), ks * 1024))
                     for o in v.b_base]
-            _stage_step(v.ops, b_dw, ks > 0, b_in, sbs_in if b == 0 else None, v.wv, v.lane)
+            at = _bufs(b_dw, s_dw, ks)
+            _stage_step(v.ops, at, b_in, sbs_in if b == 0 else None, v.wv, v.lane)
             if compute:
                 a = fx.Vector(_load(T.i32x4, v.a_rsrc, v.a_row, ks * KSTEP)).shuffle(
                     fx.Vector(_load(T.i32x4, v.a_rsrc, v.a_row, ks * KSTEP + 64)), list(range(8)))
-                accs = _mfmas(v.ops, b_dw, accs, a, sa, b, ks % 4, v.lane, False)
+                accs = _mfmas(v.ops, at, accs, a, sa, b, ks % 4, v.lane, False)
     if compute:
         _down_epilogue(geo, accs, v.t, v.sub, v.nbp, v.lane, v.w2_bias, v.topk_weights, v.y, v.m)
 
