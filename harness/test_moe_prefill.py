@@ -20,7 +20,7 @@ def pipeline():
     from amd_kernels import warm_up
     from amd_kernels.moe import mxfp4_moe
 
-    p = mxfp4_moe.build(H, IP, E, TOP_K, "gptoss", "test_moe_prefill", small_m_waves=8)
+    p = mxfp4_moe.build(H, IP, E, TOP_K, "gptoss", "test_moe_prefill", small_m_waves=8, prefill_from=256)
     return p, warm_up.VariantTable("harness.test_moe_prefill", {k: warm_up.Variant(*v) for k, v in p.variants.items()})
 
 

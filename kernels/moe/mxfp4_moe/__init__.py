@@ -19,10 +19,10 @@ position.
 3. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
                pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot (one writer per element).
 4. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
-Prefill tier ("moe.prefill", variant_for below): launches 2 and 3 are prefill.py's instead, over super-tiles
-of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows are staged once per
-workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs, same grouping). Its
-sort launch also writes the super-tile table (meta), and its grid is prefill.max_supers.
+Prefill tier ("moe.prefill", from the package's prefill_from tokens): launches 2 and 3 are prefill.py's
+instead, over super-tiles of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows
+are staged once per workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs,
+same grouping). Its sort launch also writes the super-tile table (meta); its grid is prefill.max_supers.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
@@ -46,9 +46,14 @@ from amd_kernels.moe.mxfp4_moe import combine, down, gate_up, prefill, quant_sor
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
-def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0):
+def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0,
+          prefill_from: int = 0):
     """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
-    splits K over up to that many waves per workgroup."""
+    splits K over up to that many waves per workgroup. prefill_from > 0: the token count from which the
+    entry picks the prefill tier (per shape, where the cost model projects it faster); 0: the tier is built
+    and warmed up but never picked (callers may still launch it by key)."""
+    if not isinstance(prefill_from, int) or prefill_from < 0:
+        raise ValueError(f"prefill_from: a token count >= 0 (0: never), got {prefill_from!r}")
     geo = Geometry.of(hidden, ip, experts, top_k, activation, name, small_m_waves)
     k_quant_sort = quant_sort.make(geo)
     k_quant_sort_prefill = quant_sort.make(geo, prefill.SUB)  # also writes the super-tile table
@@ -93,9 +98,9 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         launchers["moe.small_m"] = make_launcher(True)
 
     def variant_for(m: int) -> str:
-        """The prefill tier from PREFILL_TOKENS tokens; below, the many-wave gate-up while the plain one would
+        """The prefill tier from prefill_from tokens; below, the many-wave gate-up while the plain one would
         launch fewer than 256 workgroups."""
-        if m >= prefill.PREFILL_TOKENS:
+        if prefill_from and m >= prefill_from:
             return "moe.prefill"
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * geo.nb1 < 256 else "moe.full"
 
@@ -138,4 +143,4 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            variant_for=variant_for, max_tokens=geo.max_tokens, launch_args=launch_args,
                            weight_shapes=weight_shapes, weight_dtypes=prepare.WEIGHT_DTYPES,
-                           emulator_workgroups=sampling.make(geo), geometry=geo)
+                           emulator_workgroups=sampling.make(geo), geometry=geo, prefill_from=prefill_from)

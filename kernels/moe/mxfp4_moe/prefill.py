@@ -1,5 +1,5 @@
-"""The prefill tier's gate-up and down launches (token counts >= PREFILL_TOKENS): super-tiles of up to SUB
-16-row tiles of one expert, whose weight tile is loaded once per workgroup and shared through LDS.
+"""The prefill tier's gate-up and down launches (from the package's prefill_from tokens): super-tiles of up
+to SUB 16-row tiles of one expert, whose weight tile is loaded once per workgroup and shared through LDS.
 
 Same sort as the other tiers (16-row tiles, each expert padded to 16 rows, experts in order); the tier's
 own sort launch (quant_sort.make(geo, SUB)) also writes the super-tile table: up to SUB consecutive tiles of
@@ -35,7 +35,6 @@ from amd_kernels.moe.mxfp4_moe.common import bf16_bits, dword, sub_resource, til
 from amd_kernels.moe.mxfp4_moe.geometry import KSTEP, ROWS
 
 SUB = 4  # 16-row tiles per super-tile = waves per workgroup (64 rows)
-PREFILL_TOKENS = 256  # the tier serves M >= this
 
 
 def gu_blocks(geo) -> int:
@@ -225,7 +224,7 @@ def _gate_up_body(geo, v, compute: bool):
                     chain = _mfmas(v.ops, at, chain, a, sa, b, b, v.lane, ks >= ks1)
         if compute:
             grp, tot = _fold(geo.group, c, chain, grp, tot)
-            buffer.keep_issued_above()  # the fold before the next chain: two chains live at once would spill past 256
+            buffer.keep_issued_above()  # fold before the next chain starts (two live chains: > 256 VGPRs)
     if compute:
         r = v.lane % 16
         for cb in range_constexpr(nq):
