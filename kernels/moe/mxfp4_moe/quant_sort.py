@@ -125,4 +125,3 @@ def make(geo, supers: int = 0):
                         fx.memref_store(base + popc64(match), offs, e)
 
     return k_quant_sort
-

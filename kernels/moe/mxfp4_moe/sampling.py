@@ -32,7 +32,7 @@ def make(geo):
         if kernel in super_launches:  # the super-tile holding the tile (the table in meta, prefill.super_tile)
             n_sup = min(int.from_bytes(read(mt + 4, 4), "little"), grid[0])
             table = torch.frombuffer(bytearray(read(mt + 16, n_sup * 4)), dtype=torch.int32).tolist()
-            of = {first // 8 + i: s for s, first in enumerate(table) for i in range(first % 8)}
+            of = {packed // 8 + i: s for s, packed in enumerate(table) for i in range(packed % 8)}
             tiles = [of[t] for t in tiles]
         return {(t, y, z) for t in tiles for y in range(grid[1]) for z in range(grid[2])}
 
