@@ -395,9 +395,10 @@ def no_execution():
 # 512/513) and reach the largest prefill.
 INVARIANCE_COUNTS = (1, 2, 3, 5, 6, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65, 72, 73, 128, 129, 256, 257, 512, 513,
                      1024, 2048, 8192)
-# "tokens" packages (the MoE: seconds per emulated call, one tier edge) take the counts around their own
-# edge, small_m | full (2|3 at h6144, 5|6 at TP8), and a few beyond; CI time, not coverage, sets the list.
-INVARIANCE_TOKENS_COUNTS = (1, 2, 3, 5, 6, 17, 64, 128)
+# "tokens" packages (the MoE: seconds per emulated call) take the counts around their own tier edges,
+# small_m | full (2|3 at h6144, 5|6 at TP8) and full | prefill (255|256), and a few beyond; CI time, not
+# coverage, sets the list.
+INVARIANCE_TOKENS_COUNTS = (1, 2, 3, 5, 6, 17, 64, 255, 256)
 INVARIANCE_PROBES = 2  # probe rows, placed at the start and again at the end of each batch
 INVARIANCE_FILLER = 29  # other rows (cycled to fill the batch)
 

@@ -20,7 +20,10 @@ FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
 # routed op checked against the reference in test_kernels at 4 tokens) costs ~2 CPU-minutes: FULL only.
 CASES = [("moe/mxfp4_h2880_i384_e128_top4", 8, 7, 3), ("moe/mxfp4_h2880_i384_e128_top4", 8, 7, 6),
          pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 2,
-                      marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it"))]
+                      marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it")),
+         # the prefill tier (no fused form: the routed entry runs its launches as `moe` does), emulated whole
+         pytest.param("moe/mxfp4_h2880_i384_e128_top4", 8, 7, 256,
+                      marks=pytest.mark.skipif(not FULL, reason="256 tokens whole: AMD_KERNELS_FULL=1 runs it"))]
 
 
 @pytest.mark.parametrize("package,tp_size,tp_rank,tokens", CASES, ids=lambda v: str(v))

@@ -45,7 +45,7 @@ def _prepared(package: str, inputs: dict, prepare):
 
 
 def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: int, activation: str,
-          tp_size: int = 1, small_m_waves: int = 0, kernel=mxfp4_moe, route=None):
+          tp_size: int = 1, small_m_waves: int = 0, prefill_from: int = 0, kernel=mxfp4_moe, route=None):
     """The entry of the package `package` (its `__name__`): `intermediate` is the model's (unsharded) size,
     `tp_size` the ranks it is cut over (vLLM's cut, prepare.py), `small_m_waves` > 0 adds a small-M variant
     (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy).
@@ -56,7 +56,7 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
     ip = prepare.padded_intermediate(intermediate, tp_size)
     # variants, variant_for, max_tokens, launch_args, weight_shapes, weight_dtypes, emulator_workgroups
     pipeline = kernel.build(hidden, ip, experts, top_k, activation, f"moe_{shape_token}",
-                            small_m_waves=small_m_waves)
+                            small_m_waves=small_m_waves, prefill_from=prefill_from)
     prepare_weights = partial(prepare.prepare_weights, activation=activation, hidden=hidden,
                               intermediate=intermediate, experts=experts, tp_size=tp_size)
     variants = dict(pipeline.variants)
@@ -123,8 +123,10 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
 
     # The router's i32 byte offsets into x [M, hidden] bf16 bound M too.
     routed_max_tokens = min(pipeline.max_tokens, host.max_tokens_for(hidden * 2))
-    # The MoE variant of a token count, with the combine folded into down (mxfp4_moe/fused.py): same bits.
-    fused_key = {k: k.replace("moe.", "fused.", 1) for k in pipeline.variants}
+    # The MoE variant of a token count, with the combine folded into down (mxfp4_moe/fused.py): same bits. The
+    # prefill tier has no fused form: from its token count the routed entry runs its launches as `moe` does.
+    fused_key = {k: (k.replace("moe.", "fused.", 1) if k.replace("moe.", "fused.", 1) in pipeline.fused_variants
+                     else k) for k in pipeline.variants}
     routed_modes = {mode: [ROUTE_KEY, *(fused_key[k] for k in keys)] for mode, keys in modes.items()}
 
     def routed_outputs(x, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard):
@@ -151,7 +153,8 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
             key = fused_key[pipeline.variant_for(m)]
             given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
                          shard=shard)
-            table[key](*pipeline.fused_launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
+            launch_args = pipeline.fused_launch_args if key in pipeline.fused_variants else pipeline.launch_args
+            table[key](*launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
         return out
 
     def prepare_routed_inputs(inputs: dict) -> dict:

@@ -7,8 +7,10 @@ also torch.ops.amd_kernels.mxfp4_h2880_i2880_e128_top4_moe.
 MoE block of gpt-oss-120b at TP1: hidden 2880, intermediate 2880 (prepared padded to 2944), 128 experts,
 top-4, the gpt-oss activation (interleaved gate/up, clamp, biases). Design: kernels/moe/mxfp4_moe/.
 
-One variant: gate-up already launches 92 workgroups of 3 waves per tile (368 at M = 1), so no small-M
-variant.
+Variants: "moe.full" (gate-up already launches 92 workgroups of 3 waves per tile, 368 at M = 1, so no small-M
+variant) and "moe.prefill" from PREFILL_FROM tokens (super-tiles of 64 rows, weights staged through LDS, the
+same per-row K grouping: mxfp4_moe/prefill.py; the threshold is where the cost model projects it faster,
+README).
 
 routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
 the router's weight bf16 [128, 2880] and bias bf16 [128] (the router's launch, route_h2880_e128_top4's, then
@@ -18,8 +20,9 @@ the MoE's); also torch.ops.amd_kernels.mxfp4_h2880_i2880_e128_top4_routed.
 from amd_kernels.moe import mxfp4_moe_entries, route
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 1
+PREFILL_FROM = 256
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
-                                 activation=ACTIVATION, tp_size=TP,
+                                 activation=ACTIVATION, tp_size=TP, prefill_from=PREFILL_FROM,
                                  route=route.variants(H, E, TOP_K)["route.all"])
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes

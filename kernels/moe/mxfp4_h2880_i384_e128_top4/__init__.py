@@ -11,7 +11,9 @@ activation. Design: kernels/moe/mxfp4_moe/; sharding: kernels/moe/prepare.py.
 
 Variants: "moe.full" (gate-up: 3 waves of 8 K-steps per workgroup), and "moe.small_m" for M <= 5, where
 gate-up would launch < 256 workgroups: 6 waves of 4 K-steps each (288 waves at M = 1). Both tiers sum K in
-the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe/geometry.py).
+the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4_moe/geometry.py);
+"moe.prefill" from PREFILL_FROM tokens (super-tiles of 64 rows, weights staged through LDS, the same per-row
+K grouping: mxfp4_moe/prefill.py; the threshold is where the cost model projects it faster, README).
 
 routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
 the router's weight bf16 [128, 2880] and bias bf16 [128] (the router's launch, route_h2880_e128_top4's, then
@@ -21,9 +23,10 @@ the MoE's); also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_routed.
 from amd_kernels.moe import mxfp4_moe_entries, route
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 8
+PREFILL_FROM = 256
 SMALL_M_WAVES = 8
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
-                                 activation=ACTIVATION, tp_size=TP,
+                                 activation=ACTIVATION, tp_size=TP, prefill_from=PREFILL_FROM,
                                  route=route.variants(H, E, TOP_K)["route.all"], small_m_waves=SMALL_M_WAVES)
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes

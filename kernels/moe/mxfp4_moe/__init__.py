@@ -19,6 +19,10 @@ position.
 3. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
                pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot (one writer per element).
 4. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
+Prefill tier ("moe.prefill", from the package's prefill_from tokens): launches 2 and 3 are prefill.py's
+instead, over super-tiles of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows
+are staged once per workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs,
+same grouping). Its sort launch also writes the super-tile table (meta); its grid is prefill.max_supers.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
@@ -39,29 +43,44 @@ import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import combine, down, fused, gate_up, quant_sort, sampling
+from amd_kernels.moe.mxfp4_moe import combine, down, fused, gate_up, prefill, quant_sort, sampling
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
-def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0):
+def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0,
+          prefill_from: int = 0):
     """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
-    splits K over up to that many waves per workgroup."""
+    splits K over up to that many waves per workgroup. prefill_from > 0: the token count from which the
+    entry picks the prefill tier (per shape, where the cost model projects it faster); 0: the tier is built
+    and warmed up but never picked (callers may still launch it by key)."""
+    if not isinstance(prefill_from, int) or prefill_from < 0:
+        raise ValueError(f"prefill_from: a token count >= 0 (0: never), got {prefill_from!r}")
     geo = Geometry.of(hidden, ip, experts, top_k, activation, name, small_m_waves)
     k_quant_sort = quant_sort.make(geo)
+    k_quant_sort_prefill = quant_sort.make(geo, prefill.SUB)  # also writes the super-tile table
     gate_ups = {False: gate_up.make(geo, 4, f"{name}_gate_up")}
     if small_m_waves:
         gate_ups[True] = gate_up.make(geo, small_m_waves, f"{name}_gate_up_small_m")
     k_stage2, k_combine = down.make(geo), combine.make(geo)
+    gate_ups["prefill"] = prefill.make_gate_up(geo, f"{name}_gate_up_prefill")
+    k_down_prefill = prefill.make_down(geo)
 
     def launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
                    xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
-        k_quant_sort(x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
+        (k_quant_sort_prefill if small_m == "prefill" else k_quant_sort)(
+            x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
             grid=(m + 1, 1, 1), block=(64, 1, 1), stream=stream)
         s1, waves = gate_ups[small_m]
         s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
-            grid=(tiles, geo.nb1, 1), block=(waves * 64, 1, 1), stream=stream)
-        k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard, topk_weights, y,
-                 m).launch(grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
+            grid=(tiles, geo.nb1 // (prefill.gu_blocks(geo) if small_m == "prefill" else 1), 1),
+            block=(waves * 64, 1, 1), stream=stream)
+        if small_m == "prefill":
+            k_down_prefill(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard,
+                           topk_weights, y, m).launch(grid=(tiles, geo.nb2 // prefill.down_blocks(geo), 1),
+                                                      block=(prefill.SUB * 64, 1, 1), stream=stream)
+        else:
+            k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard, topk_weights,
+                     y, m).launch(grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
         k_combine(y, topk_ids, out, m).launch(grid=(m, 1, 1), block=(64, 1, 1), stream=stream)
 
     def make_launcher(small_m):
@@ -75,25 +94,30 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                        xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream)
         return moe
 
-    launchers = {"moe.full": make_launcher(False)}
+    launchers = {"moe.full": make_launcher(False), "moe.prefill": make_launcher("prefill")}
     if small_m_waves:
         launchers["moe.small_m"] = make_launcher(True)
 
     def variant_for(m: int) -> str:
-        """The many-wave gate-up while the plain one would launch fewer than 256 workgroups."""
+        """The prefill tier from prefill_from tokens; below, the many-wave gate-up while the plain one would
+        launch fewer than 256 workgroups."""
+        if prefill_from and m >= prefill_from:
+            return "moe.prefill"
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * geo.nb1 < 256 else "moe.full"
 
     def workspace(m: int, device="cpu"):
         pairs = m * top_k
         tiles = max(1, max_tiles(pairs, experts))
         rows = tiles * ROWS
+        supers = max(1, prefill.max_supers(pairs, experts))
         u8 = dict(dtype=torch.uint8, device=device)
         i32 = dict(dtype=torch.int32, device=device)
         return dict(xq=torch.empty(m, geo.hp, **u8), xs=torch.empty(m, geo.kg1 * 16, **u8),
                     sorted_pairs=torch.empty(rows, **i32), tile_expert=torch.empty(tiles, **i32),
-                    meta=torch.zeros(4, **i32), inter_q=torch.empty(rows, ip, **u8),
+                    # meta: [0] the tile count; [1] and [4:] the prefill tier's super-tiles (prefill.py)
+                    meta=torch.zeros(4 + supers, **i32), inter_q=torch.empty(rows, ip, **u8),
                     inter_s=torch.empty(rows, geo.kg2 * 16, **u8),
-                    y=torch.empty(max(pairs, 1), hidden, dtype=torch.bfloat16, device=device)), tiles
+                    y=torch.empty(max(pairs, 1), hidden, dtype=torch.bfloat16, device=device)), tiles, supers
 
     def weight_shapes():
         return dict(w13=(experts, geo.ng1, geo.ks1, 64, 16), w13_scale=(experts, geo.ng1, geo.kg1, 64, 4),
@@ -103,10 +127,10 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     def launch_args(key, x, topk_weights, topk_ids, w, out, device="cpu"):
         """The launcher's positional arguments (without the stream) for variant `key`."""
         m = x.shape[0]
-        ws, tiles = workspace(m, device)
+        ws, tiles, supers = workspace(m, device)
         return (x, topk_weights, topk_ids, w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"],
                 w["w2_bias"], w["shard"], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], ws["meta"],
-                ws["inter_q"], ws["inter_s"], ws["y"], out, m, tiles)
+                ws["inter_q"], ws["inter_s"], ws["y"], out, m, supers if key == "moe.prefill" else tiles)
 
     def example_args_of(key):
         def example_args(m: int = 1):
@@ -124,4 +148,4 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                            fused_variants=fused_variants, fused_launch_args=fused_launch_args,
                            variant_for=variant_for, max_tokens=geo.max_tokens, launch_args=launch_args,
                            weight_shapes=weight_shapes, weight_dtypes=prepare.WEIGHT_DTYPES,
-                           emulator_workgroups=sampling.make(geo), geometry=geo)
+                           emulator_workgroups=sampling.make(geo), geometry=geo, prefill_from=prefill_from)

@@ -41,7 +41,7 @@ def make(geo, k_quant_sort, gate_ups, workspace, weight_shapes):
 
     def launch_args(key, x, topk_weights, topk_ids, w, out, device="cpu"):
         m = x.shape[0]
-        ws, tiles = workspace(m, device)
+        ws, tiles, _ = workspace(m, device)  # (the super-tile count serves the prefill tier only)
         zeroed = torch.zeros(4 + m * geo.nb2 * 4, dtype=torch.int32, device=device)  # meta, then the tickets
         return (x, topk_weights, topk_ids, w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"],
                 w["w2_bias"], w["shard"], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], zeroed[:4],

@@ -19,8 +19,8 @@ from amd_kernels.moe.mxfp4_moe.common import ballot, dword, mbcnt, popc64, scale
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS
 
 
-def make(geo):
-    """grid M + 1."""
+def make(geo, supers: int = 0):
+    """grid M + 1. supers > 0 (the prefill tier's sort, prefill.py): also the super-tile table in meta."""
     hidden, hp, kg1, experts, top_k = geo.hidden, geo.hp, geo.kg1, geo.experts, geo.top_k
     slots_q = -(-hp // 512)
 
@@ -29,7 +29,7 @@ def make(geo):
         count: fx.Array[fx.Int32, experts, 16]
         offs: fx.Array[fx.Int32, experts, 16]
 
-    @flyc.kernel(name=f"{geo.name}_quant_sort", known_block_size=[64, 1, 1])
+    @flyc.kernel(name=f"{geo.name}_quant_sort" + ("_prefill" if supers else ""), known_block_size=[64, 1, 1])
     def k_quant_sort(x: fx.Tensor, xq: fx.Tensor, xs: fx.Tensor, ids: fx.Tensor, sorted_pairs: fx.Tensor,
                      tile_expert: fx.Tensor, meta: fx.Tensor, m: fx.Int32):
         lds = fx.SharedAllocator().allocate(SortLds).peek()
@@ -94,6 +94,23 @@ def make(geo):
                 buffer.store(2 * lane, te_rsrc, (start0 // ROWS + i) * 4)
             for i in range(pad1 // ROWS):
                 buffer.store(2 * lane + 1, te_rsrc, (start1 // ROWS + i) * 4)
+            if supers:
+                # The prefill tier's super-tiles (up to `supers` consecutive tiles of one expert, experts in
+                # order): meta[1] = their count, meta[4 + s] = first tile * 8 + tiles of super-tile s.
+                n0, n1 = pad0 // ROWS, pad1 // ROWS
+                u0, u1 = (n0 + (supers - 1)) // supers, (n1 + (supers - 1)) // supers
+                s_incl = wave_inclusive_scan(u0 + u1)
+                s0 = s_incl - (u0 + u1)
+                sup_rsrc = buffer.tensor_resource(  # bound: prefill.max_supers
+                    meta, fx.Int64(pairs // (ROWS * supers) + fx.min(pairs, fx.Int32(experts)) + 4) * 4)
+                if lane == 0:
+                    buffer.store(wave.readlane(s_incl, 63), sup_rsrc, fx.Int32(4))
+                for i in range(u0):
+                    buffer.store((start0 // ROWS + i * supers) * 8 + fx.min(n0 - i * supers, fx.Int32(supers)),
+                                 sup_rsrc, (s0 + i + 4) * 4)
+                for i in range(u1):
+                    buffer.store((start1 // ROWS + i * supers) * 8 + fx.min(n1 - i * supers, fx.Int32(supers)),
+                                 sup_rsrc, (s0 + u0 + i + 4) * 4)
             for i in range(c0, pad0):
                 buffer.store(fx.Int32(-1), sp_rsrc, (start0 + i) * 4)
             for i in range(c1, pad1):
