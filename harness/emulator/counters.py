@@ -19,38 +19,24 @@ class _Intervals:
 
     def __init__(self, shift: int = 0):
         self._shift = shift
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []     # byte intervals (starts, ends)
+        self._pending: list[tuple[np.ndarray, int]] = []
         self._n = 0
         self._merged = np.zeros((0, 2), np.int64)
 
     def add(self, addrs: np.ndarray, nbytes: int) -> None:
-        # Consecutive accesses in the given order that touch or overlap going up (a[i] <= a[i+1] <= a[i] +
-        # nbytes) join one byte interval here: their union is connected, so it covers the same bytes and
-        # dwords, and the merge gives the same canonical union with far fewer intervals to sort.
         a = np.asarray(addrs).astype(np.int64)          # a copy: callers may reuse their arrays
-        n = len(a)
-        if n > 1:
-            d = a[1:] - a[:-1]
-            brk = np.flatnonzero((d < 0) | (d > nbytes))
-            if len(brk):
-                starts = np.concatenate((a[:1], a[brk + 1]))
-                ends = np.concatenate((a[brk], a[-1:])) + nbytes
-            else:
-                starts, ends = a[:1], a[-1:] + nbytes
-        else:
-            starts, ends = a, a + nbytes
-        self._pending.append((starts, ends))
-        self._n += len(starts)
+        self._pending.append((a, nbytes))
+        self._n += len(a)
         if self._n > _COMPACT_AT:
             self._compact()
 
     def _compact(self):
         if not self._pending:
             return
-        s = np.concatenate([p[0] for p in self._pending])
-        e = np.concatenate([p[1] for p in self._pending])
+        a = np.concatenate([p[0] for p in self._pending])
+        nb = np.repeat(np.array([p[1] for p in self._pending], np.int64), [len(p[0]) for p in self._pending])
         shift = self._shift
-        runs = np.stack([s >> shift, ((e - 1) >> shift) + 1], axis=1)
+        runs = np.stack([a >> shift, ((a + nb - 1) >> shift) + 1], axis=1)
         iv = np.concatenate([self._merged, runs])
         self._pending, self._n = [], 0
         iv = iv[np.argsort(iv[:, 0], kind="stable")]

@@ -18,7 +18,6 @@ import numpy as np
 from . import mfma, ranks
 from .lanes import swizzle_source_lanes
 from .operands import exec_mask, parse_operand, raw_reader, row_of, scalar_reader
-from .sanitizer import GroupRows
 from .semantics import ATOMIC32
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
@@ -364,38 +363,6 @@ class BufferAddress:
         off += np.array(base, np.int64)[:, None]
         return off, ok
 
-    def in_range_many(self, waves, nbytes):
-        """in_range for a lockstep group of raw buffers (stride 0, no idxen) at once: ((waves, 64) int64
-        addresses, (waves, 64, ndw) bool), each wave's rows what in_range gives it; None for another form."""
-        if self.idxen:
-            return None
-        rs = self.rsrc
-        base, soff, limit = [], [], []
-        for w in waves:
-            s = w.s
-            d1 = s[rs + 1]
-            if (d1 >> 16) & 0x3FFF:
-                return None
-            so = self.soff(w)
-            soff.append(so)
-            base.append(s[rs] | ((d1 & 0xFFFF) << 32))
-            limit.append(s[rs + 2])
-        n = len(waves)
-        if self.offen:
-            idx = np.fromiter((w.slot for w in waves), np.intp, n)
-            off = waves[0].v.base[idx, self.vrow].astype(np.int64)
-            if self.inst_offset:
-                off += self.inst_offset
-        else:
-            off = np.full((n, WAVE), self.inst_offset, np.int64)
-        off += np.array(soff, np.int64)[:, None]                    # in_range's offset: off + soff
-        ndw = max(1, nbytes // 4)
-        last = self._last.get(nbytes)
-        if last is None:
-            last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
-        ok = (off[:, :, None] + last) <= np.array(limit, np.int64)[:, None, None]
-        return off + np.array(base, np.int64)[:, None], ok
-
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
         ndw = max(1, nbytes // 4)
@@ -467,7 +434,6 @@ def build_buffer(inst, ctx):
     if kind == "load":
         row = row_of(data_op, acc)
         dmask = _vmask(row, nbytes // 4)
-        nd = nbytes // 4
 
         def h(w):
             act = _active(w)
@@ -566,20 +532,11 @@ def build_buffer(inst, ctx):
                     _one_by_one(h, waves)       # as alone: the first wave with a report raises it
                     return
             got = {}
-            regs = waves[0].v.base
             if fast:
                 data = mem_read(a, nbytes)
                 counters.global_load(a, nbytes)
-                if nbytes >= 4:
-                    # every lane's whole dwords: one GroupRows, written for every wave whose wait comes in
-                    # one lockstep s_waitcnt (sanitizer.GroupRows), or now for all
-                    rows = GroupRows(regs, [w.slot for w in fast], row,
-                                     data.view(U32).reshape(len(fast), WAVE, nd).transpose(0, 2, 1))
-                    for n, w in enumerate(fast):
-                        got[id(w)] = rows.item(n)
-                else:
-                    for n, w in enumerate(fast):
-                        got[id(w)] = (data[n * WAVE: (n + 1) * WAVE], _ALL)
+                for n, w in enumerate(fast):
+                    got[id(w)] = (data[n * WAVE: (n + 1) * WAVE], _ALL)
             if part:
                 safe = np.where(lane_ok, A, SAFE_ADDR)
                 data = mem_read(safe.reshape(-1), nbytes).reshape(P, WAVE, ndw, -1)
@@ -590,24 +547,11 @@ def build_buffer(inst, ctx):
                 for n, (w, act, _, _) in enumerate(part):
                     got[id(w)] = (data[n], act) if act is _ALL else \
                         ((data[n][act], act) if act.any() else None)
-            if waves[0].san is None:
-                rows = None
-                for w in waves:
-                    x = got[id(w)]
-                    if type(x) is GroupRows.Item:
-                        rows = x.rows
-                    elif x is not None:
-                        _bytes_to_rows(w, row, x[0], x[1], nbytes, sext, d16)
-                if rows is not None:
-                    rows.write_all()
-                return
             for w in waves:                     # in the group's order, as alone (a missing wait reports)
                 x = got[id(w)]
                 try:
                     if x is None:
                         _deliver(w, "vm", dmask, None)
-                    elif type(x) is GroupRows.Item:
-                        w.san.issue("vm", dmask, x)
                     else:
                         _deliver(w, "vm", dmask, lambda w=w, d=x[0], act=x[1]: _bytes_to_rows(
                             w, row, d, act, nbytes, sext, d16))
@@ -655,55 +599,32 @@ def build_buffer(inst, ctx):
             counters.global_store(a, nbytes)
 
     def group(waves):
-        """Lockstep (lockstep.py): the lanes h stores (active, in range) of every wave in one memory check,
-        one scatter (waves in the group's order, so a later wave wins where two overlap, as one by one) and
-        one counter update; a group with a lane only partly in range (h writes it dword by dword) runs wave
-        by wave. A memory report (out of bounds: found before any byte is marked written) reruns the group
-        wave by wave, so it names the same wave."""
+        """Lockstep (lockstep.py): when every wave of the group has every lane active and in range, one
+        memory check, one scatter (waves in the group's order, so a later wave wins where two overlap, as
+        one by one) and one counter update; otherwise wave by wave. A memory report (out of bounds: found
+        before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
         many, whole = ba.all_in_range_many(waves, nbytes)
-        sel = None
-        if whole.all():
-            a = many.reshape(-1)
-            lanes = np.tile(_LANE_NUMBERS, len(waves))
-        else:
-            # Lanes outside EXEC or wholly past num_records (a row's tail): the lanes h stores, selected for
-            # every wave at once. A lane with only some dwords in range (h writes dword by dword) goes wave
-            # by wave.
-            got = ba.in_range_many(waves, nbytes)
-            if got is None:
-                _one_by_one(h, waves)
-                return
-            A, OK = got
-            ACT = np.stack([_active(w) for w in waves])
-            sel = OK[:, :, 0] & ACT
-            if ndw > 1 and (OK.any(axis=2) != OK.all(axis=2))[ACT].any():
-                _one_by_one(h, waves)
-                return
-            a = A[sel]
-            lanes = np.nonzero(sel)[1]
+        if not whole.all():
+            _one_by_one(h, waves)
+            return
+        a = many.reshape(-1)
         mem = waves[0].san.mem if waves[0].san is not None else None
-        if mem is not None and len(a):
-            # h checks an access whole, or dword by dword when some lanes are out of range: the same bytes
-            # marked written, and a whole check that passes means each of its dwords passes
+        if mem is not None:
             try:
-                mem.check(a, nbytes, lanes, inst.mnemonic, False, True)
+                mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(waves)), inst.mnemonic, False, True)
             except Exception:
                 _one_by_one(h, waves)
                 return
         for w in waves:
             if w.san is not None:
                 w.san.issue("vm", 0, None)
-        if not len(a):
-            return
         regs = waves[0].v.base
         idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
         if shift_hi:
-            data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(len(waves), WAVE, 4)[:, :, :nbytes]
+            data = (regs[idx, drow] >> U32(16)).reshape(-1).view(np.uint8).reshape(-1, 4)[:, :nbytes]
         else:
             nd = (nbytes + 3) // 4
-            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8).reshape(
-                len(waves), WAVE, nd * 4)[:, :, :nbytes]
-        data = data.reshape(-1, nbytes) if sel is None else data[sel]
+            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8).reshape(-1, nd * 4)[:, :nbytes]
         mem_write(a, data)
         counters.global_store(a, nbytes)
     h.group = group

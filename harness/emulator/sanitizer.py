@@ -332,73 +332,6 @@ class LdsShadow:
             self.r_mask[idx] = self.r_mask[idx] | bit
 
 
-# ---- register results of a lockstep group ------------------------------------------------------------
-
-class GroupRows:
-    """The registers one lockstep group load delivers: rows [row, row + nd) of each wave's slot in the batch
-    register file. Each wave's queue holds an Item (called alone, it writes that wave's rows); a lockstep
-    s_waitcnt collects the Items its waves complete (Deferred) and writes them in one store per GroupRows."""
-
-    _seq = 0
-
-    class Item:
-        __slots__ = ("rows", "k")
-
-        def __init__(self, rows, k):
-            self.rows, self.k = rows, k
-
-        def __call__(self):
-            r = self.rows
-            r.regs[r.slots[self.k], r.row: r.row + r.nd] = r.vals[self.k]
-
-    def __init__(self, regs, slots, row, vals):
-        """vals: (waves, nd, 64) uint32, wave k's rows for slot slots[k]."""
-        self.regs, self.slots, self.row, self.vals = regs, np.asarray(slots, np.intp), row, vals
-        self.nd = vals.shape[1]
-        GroupRows._seq += 1
-        self.seq = GroupRows._seq            # issue order: a later load's rows are written later
-
-    def item(self, k):
-        return GroupRows.Item(self, k)
-
-    def write_all(self):
-        self.regs[self.slots, self.row: self.row + self.nd] = self.vals
-
-    def write(self, ks):
-        if len(ks) == len(self.slots):
-            self.write_all()
-        else:
-            k = np.array(ks, np.intp)
-            self.regs[self.slots[k], self.row: self.row + self.nd] = self.vals[k]
-
-
-class Deferred:
-    """GroupRows items completed by the waves of one lockstep s_waitcnt, written together at flush(). Each
-    wave's registers are its own, so only the order within a wave matters: GroupRows in issue order, and
-    a flush before any other delivery into registers a deferred item of that wave writes."""
-
-    __slots__ = ("items", "masks")
-
-    def __init__(self):
-        self.items = {}          # id(GroupRows) -> (GroupRows, [k])
-        self.masks = {}          # id(WaveSan) -> registers deferred
-
-    def add(self, ws, item, mask):
-        got = self.items.get(id(item.rows))
-        if got is None:
-            self.items[id(item.rows)] = (item.rows, [item.k])
-        else:
-            got[1].append(item.k)
-        self.masks[id(ws)] = self.masks.get(id(ws), 0) | mask
-
-    def flush(self):
-        if self.items:
-            for rows, ks in sorted(self.items.values(), key=lambda x: x[0].seq):
-                rows.write(ks)
-            self.items = {}
-            self.masks = {}
-
-
 # ---- per-wave state -----------------------------------------------------------------------------------
 
 class WaveSan:
@@ -453,17 +386,9 @@ class WaveSan:
         write, idx = lds_rec
         self.races.access(self.wave.wave_id, idx, write, f"'{self._text(pc)}' (pc {pc:#x})")
 
-    def _complete(self, e, defer=None):
-        a = e[1]
-        if a is not None:
-            if defer is None:
-                a()
-            elif type(a) is GroupRows.Item:
-                defer.add(self, a, e[0])
-            else:
-                if defer.masks.get(id(self), 0) & e[0]:
-                    defer.flush()
-                a()
+    def _complete(self, e):
+        if e[1] is not None:
+            e[1]()
         if e[2] is not None and self.races is not None:
             self._record(e[2], e[3])
 
@@ -475,23 +400,21 @@ class WaveSan:
             p |= e[0]
         self.pend = p
 
-    def waitcnt(self, vm: int, lgkm: int, defer=None):
-        """Complete what s_waitcnt vmcnt(vm) lgkmcnt(lgkm) covers; `defer` (a Deferred): GroupRows items
-        are collected there for the lockstep group's one store instead of written now."""
+    def waitcnt(self, vm: int, lgkm: int):
         changed = False
         while len(self.vm) > vm:
-            self._complete(self.vm.popleft(), defer)
+            self._complete(self.vm.popleft())
             changed = True
         if len(self.lgkm) > lgkm:
             if lgkm == 0 or not any(e[4] for e in self.lgkm):
                 while len(self.lgkm) > lgkm:
-                    self._complete(self.lgkm.popleft(), defer)
+                    self._complete(self.lgkm.popleft())
             else:
                 # SMEM may complete out of order: only LDS operations older than the newest `lgkm` LDS ones
                 lds = [e for e in self.lgkm if not e[4]]
                 done = lds[: max(0, len(lds) - lgkm)]
                 for e in done:
-                    self._complete(e, defer)
+                    self._complete(e)
                 ids = {id(e) for e in done}
                 self.lgkm = deque(e for e in self.lgkm if id(e) not in ids)
             changed = True
@@ -588,23 +511,6 @@ def _waitcnt_handler(vm, lgkm):
         s = w.san
         if s is not None:
             s.waitcnt(vm, lgkm)
-
-    def group(waves):
-        """Lockstep: each wave's completions in the group's order, as alone, the rows of group loads
-        (GroupRows) written in one store per load; a report (an LDS race) names its wave."""
-        d = Deferred()
-        try:
-            for w in waves:
-                s = w.san
-                if s is not None:
-                    try:
-                        s.waitcnt(vm, lgkm, d)
-                    except Exception as e:
-                        e.wave = w
-                        raise
-        finally:
-            d.flush()
-    h.group = group
     return h
 
 

@@ -146,35 +146,6 @@ def test_intervals_batched_merge_is_the_union():
     assert d.bytes() == 4 * int(dw.sum())
 
 
-
-@pytest.mark.parametrize("seed", range(6))
-def test_intervals_runs_merged_on_add_are_the_union(seed):
-    """_Intervals.add joins runs of accesses that touch or overlap going up: lane patterns that make long
-    runs (contiguous, overlapping, equal addresses), that break them (gaps, going down, unaligned ends) and
-    mixes, against the byte map and the dword map the accesses cover."""
-    rng = np.random.default_rng(300 + seed)
-    iv, d = C._Intervals(), C._DistinctDwords()
-    size = 1 << 20                  # sparse: a wrong interval is not hidden under others
-    covered = np.zeros(size, bool)
-    for _ in range(150):
-        nbytes = int(rng.choice([1, 2, 3, 4, 8, 12, 16]))
-        n = int(rng.integers(1, 257))
-        base = int(rng.integers(0, size // 2))
-        step = int(rng.choice([nbytes, nbytes - 1, nbytes + 1, 0, max(1, nbytes // 2), -nbytes, 2 * nbytes]))
-        a = base + step * np.arange(n)
-        if rng.random() < 0.3:
-            a = np.where(rng.random(n) < 0.1, rng.integers(0, size // 2, n), a)
-        a = np.clip(a, 0, size - 17).astype(np.int64)
-        iv.add(a, nbytes)
-        d.add(a, nbytes)
-        for x in a:
-            covered[x: x + nbytes] = True
-    edges = np.diff(np.concatenate([[0], covered.astype(np.int8), [0]]))
-    want = np.stack([np.nonzero(edges == 1)[0], np.nonzero(edges == -1)[0]], axis=1)
-    assert np.array_equal(iv.array(), want)
-    assert d.bytes() == 4 * int(covered.reshape(-1, 4).any(axis=1).sum())
-    assert iv.units() == int(covered.sum())
-
 @pytest.mark.parametrize("seed", range(4))
 def test_all_in_range_many_is_all_in_range_per_wave(seed):
     """BufferAddress.all_in_range_many (a lockstep group) against all_in_range one wave at a time: random

@@ -96,36 +96,6 @@ def test_buffer_loads_in_and_out_of_range_and_partial_exec(opts):
     np.testing.assert_array_equal(v[1][14][21:], _inputs()[(12 * tid + 16) // 4][21:])
 
 
-
-# loads into the same registers before one s_waitcnt (the later load's bytes win), partly covered by
-# vmcnt(1), and a wave whose first load is a group load (rows written by the lockstep s_waitcnt in one store)
-# and whose second, into the same register, is its own (lanes past num_records in wave 3 only)
-RELOADS = BUFFER + """
-  v_lshlrev_b32 v22, 2, v0
-  buffer_load_dword v30, v21, s[24:27], 0 offen
-  buffer_load_dword v30, v21, s[24:27], 0 offen offset:4
-  buffer_load_dwordx2 v[40:41], v21, s[24:27], 0 offen offset:8
-  s_waitcnt vmcnt(1)
-  v_mov_b32 v33, v30
-  buffer_load_dwordx4 v[34:37], v22, s[24:27], 0 offen
-  buffer_load_dword v35, v21, s[24:27], 0 offen offset:16
-  buffer_load_dwordx2 v[38:39], v22, s[24:27], 0 offen offset:512
-  buffer_load_dwordx2 v[38:39], v22, s[24:27], 0 offen offset:256
-  s_waitcnt vmcnt(0)
-"""
-
-
-@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
-def test_buffer_loads_into_one_register_later_wins(opts):
-    v, _, _ = _both(RELOADS, opts, slice(30, 42))
-    x = _inputs()
-    for k in range(4):
-        off = 12 * (64 * k + np.arange(64))
-        np.testing.assert_array_equal(v[k][0], np.where(off + 8 <= 3000, x[(off + 4) // 4], 0))
-        np.testing.assert_array_equal(v[k][3], v[k][0])
-        np.testing.assert_array_equal(v[k][5], np.where(off + 20 <= 3000, x[(off + 16) // 4], 0))
-        np.testing.assert_array_equal(v[k][8], x[(4 * (64 * k + np.arange(64)) + 256) // 4])
-
 class _Map:
     """A memory option (emulator.guard's interface) reaching [start, end) of the input and the kernarg."""
 
@@ -276,61 +246,6 @@ def test_buffer_stores_every_form(opts):
     assert c["global_store_bytes"] > 0
     np.testing.assert_array_equal(out[0:1024:4], _inputs()[:256])            # dwordx4 lane t: v2 = in[t]
 
-
-
-# stores whose lanes run past num_records (the group's selected-lanes form): wholly in or out per lane
-# (dwordx4, byte, short_d16_hi, and a dwordx2 whose one partly-in-range lane is outside EXEC), a dwordx2 with
-# a partly-in-range active lane (wave by wave), and a dword store with no lane in range
-PARTIAL_STORES = """
-  s_load_dwordx2 s[24:25], s[0:1], 0x8
-  s_waitcnt lgkmcnt(0)
-  s_and_b32 s25, s25, 0xffff
-  s_mov_b32 s27, 0x27000
-  s_lshl_b32 s40, s2, 8
-  v_add_u32 v20, s40, v0
-  v_lshlrev_b32 v21, 4, v20
-  v_lshlrev_b32 v23, 1, v20
-  v_lshlrev_b32 v26, 3, v20
-  v_lshlrev_b32 v22, 2, v20
-  s_movk_i32 s26, 0x1f00
-  buffer_store_dwordx4 v[2:5], v21, s[24:27], 0 offen
-  s_movk_i32 s41, 0x2000
-  s_movk_i32 s26, 0x212c
-  buffer_store_byte v3, v20, s[24:27], s41 offen
-  s_movk_i32 s41, 0x2200
-  s_movk_i32 s26, 0x24bd
-  buffer_store_short_d16_hi v4, v23, s[24:27], s41 offen
-  s_mov_b32 s26, 0
-  buffer_store_dword v5, v22, s[24:27], 0 offen
-  v_and_b32 v24, 0x3f, v0
-  v_cmp_lt_u32 s[30:31], 39, v24
-  s_and_saveexec_b64 s[32:33], s[30:31]
-  s_movk_i32 s41, 0x2600
-  s_movk_i32 s26, 0x3324
-  buffer_store_dwordx2 v[2:3], v26, s[24:27], s41 offen
-  s_movk_i32 s41, 0x3800
-  s_movk_i32 s26, 0x4574
-  buffer_store_dwordx2 v[4:5], v26, s[24:27], s41 offen
-  s_mov_b64 exec, s[32:33]
-"""
-
-
-@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
-def test_buffer_stores_past_num_records(opts):
-    _, c, out = _both(PARTIAL_STORES, opts, slice(2, 6), out_words=8192)
-    x = _inputs()
-    t = np.arange(512) % 256                        # v2..v5 hold in[64 k + thread of the workgroup]
-    # dwordx4 thread t at 16 t: threads t < 496 stored, the rest dropped
-    np.testing.assert_array_equal(out[0:496 * 4:4], x[t[:496]])
-    assert not out[496 * 4: 2048].any()
-    b = out.view(np.uint8)
-    np.testing.assert_array_equal(b[0x2000: 0x2000 + 300], x[64 + t[:300]].astype(np.uint8))
-    assert not b[0x2000 + 300: 0x2200].any()
-    # x2 at 8 t + 0x3800, num_records 0x4574 - 0x3800 = 3444: thread 430 (lane 46, active) has one dword in
-    np.testing.assert_array_equal(out[(0x3800 + 8 * 430) // 4], x[128 + 430 - 256])
-    assert out[(0x3800 + 8 * 430) // 4 + 1] == 0
-    # x2 (lanes 40..63 active): threads up to 419 whole in the first, up to 429 and a dword of 430 in the second
-    assert c["global_store_bytes"] == 496 * 16 + 300 + 350 * 2 + 144 * 8 + 150 * 8 + 4
 
 # every wave of both workgroups stores to the same 256 bytes: the last writer wins, the same one both ways
 # (without interleaving both ways run the waves in slot order)
