@@ -80,7 +80,7 @@ def test_kernel_same_bits_and_counters_both_ways(shape, tokens):
     together, c_together = _run(shape, tokens, lockstep=True)
     assert c_together == c_alone
     assert len(alone) == len(together) and all(torch.equal(a, b) for a, b in zip(alone, together))
-    assert sum(c["wave_instructions"] for c in c_alone) > 0
+    assert sum(c["wave_instructions"] for c in c_alone if isinstance(c["wave_instructions"], int)) > 0
 
 
 SANITIZER_TESTS = [name for name, fn in inspect.getmembers(test_sanitizer, inspect.isfunction)
