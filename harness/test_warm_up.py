@@ -61,6 +61,27 @@ def test_misses_compile_in_worker_processes_into_the_disk_cache(tmp_path, monkey
         monkeypatch.setattr(warm_up, "_pool", None)
 
 
+def test_a_dead_compile_worker_is_replaced_and_its_work_done(tmp_path, monkeypatch):
+    """A worker that dies (a native crash in the compiler was seen in CI) neither fails the warm-up nor stays
+    in the pool: its keys compile in the caller, and the pool is whole again for the next batch."""
+    import amd_kernels.norm.rmsnorm_h6144 as pkg
+
+    monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(warm_up, "_pool", None)
+    pool = warm_up._CompilePool(2)
+    try:
+        for proc in pool._procs:
+            proc.kill()
+            proc.wait()
+        pool.compile(pkg.VARIANTS.module, ["rmsnorm.decode", "rmsnorm.prefill"], "test")
+        assert [p for p in tmp_path.rglob("*") if p.is_file()], "nothing was compiled"
+        assert len(pool._procs) == 2 and all(p.poll() is None for p in pool._procs)
+        with pytest.raises(RuntimeError, match="compile failed"):  # a real compile error still fails
+            pool.compile(pkg.VARIANTS.module, ["no.such.variant"], "test")
+    finally:
+        pool.close()
+
+
 def _probe_entry(pkg):
     """A fresh entry over the package's table (its own set of warmed modes): returns the mode it ran in."""
     from amd_kernels.norm.rmsnorm_entries import tier

@@ -118,14 +118,14 @@ class _CompilePool:
     unguarded), each paying the torch + FlyDSL import (~3.5 s) once per process, not once per entry."""
 
     def __init__(self, size: int):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        script = "from amd_kernels.warm_up import _worker_loop; _worker_loop()"
-        self._procs = [
-            subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
-            for _ in range(size)
-        ]
+        self._env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._procs = [self._spawn() for _ in range(size)]
         atexit.register(self.close)
+
+    def _spawn(self) -> subprocess.Popen:
+        script = "from amd_kernels.warm_up import _worker_loop; _worker_loop()"
+        return subprocess.Popen([sys.executable, "-c", script], env=self._env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
     def compile(self, module: str, keys: list[str], label: str) -> None:
         jobs: queue.Queue = queue.Queue()
@@ -133,6 +133,7 @@ class _CompilePool:
             jobs.put(key)
         bar = _progress(None, f"{label}: compiling", total=len(keys))
         errors: list[str] = []
+        lost: list[str] = []  # keys whose worker died under them
 
         def serve(proc):
             while not errors:
@@ -140,10 +141,16 @@ class _CompilePool:
                     key = jobs.get_nowait()
                 except queue.Empty:
                     return
-                proc.stdin.write(json.dumps({"module": module, "key": key}) + "\n")
-                proc.stdin.flush()
-                line = proc.stdout.readline()
-                reply = json.loads(line) if line else {"error": "the compile worker exited"}
+                try:
+                    proc.stdin.write(json.dumps({"module": module, "key": key}) + "\n")
+                    proc.stdin.flush()
+                    line = proc.stdout.readline()
+                except OSError:  # the pipe of a worker that already died
+                    line = ""
+                if not line:  # the worker died (seen: a native crash inside the compiler): stop using it
+                    lost.append(key)
+                    return
+                reply = json.loads(line)
                 if "error" in reply:
                     errors.append(f"{key}: {reply['error']}")
                 elif bar is not None:
@@ -158,6 +165,13 @@ class _CompilePool:
             bar.close()
         if errors:
             raise RuntimeError(f"{label}: compile failed: {errors[0]}")
+        # Dead workers are replaced; what they (or, when all died, nobody) compiled is compiled here, so a
+        # worker's crash costs time, never a failed warm-up (a compile error still fails, above).
+        self._procs = [p if p.poll() is None else self._spawn() for p in self._procs]
+        while not jobs.empty():
+            lost.append(jobs.get_nowait())
+        for key in lost:
+            importlib.import_module(module).VARIANTS._compile(key)
 
     def close(self) -> None:
         for proc in self._procs:
