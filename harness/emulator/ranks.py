@@ -16,7 +16,8 @@ What the emulator does for multi-GPU code (the hooks below, called from ops_scal
   strong as the release/acquire pairs the kernels use.
 - `s_sleep` yields the CPU (the ranks share two cores: a spinning rank must let the others run) and is
   where a hang is caught: a wave that keeps sleeping for longer than the timeout
-  (AMD_KERNELS_RANK_TIMEOUT seconds, default 120) stops the launch with a RankHang naming the rank,
+  (AMD_KERNELS_RANK_TIMEOUT seconds, default 120) while the system-scope flag it polls neither changes
+  nor is replaced by another flag stops the launch with a RankHang naming the rank,
   workgroup, wave, PC and the last system-scope flag load of that wave (address and value read).
   A spin loop without `s_sleep` still progresses, but only the process-level alarm of `run` catches it.
 - The emulator runs one workgroup at a time, so a kernel whose workgroup b waits for the peers' workgroup b
@@ -49,8 +50,8 @@ ALARM_SLACK = 600
 
 _rank = None             # this process's rank when run() started it
 _timeout = None          # seconds a wave may keep sleeping before it is a hang
-_waiting: dict = {}      # (launch id, workgroup, wave) -> [first sleep time, last flag address, value]
-_waiting_launch = [None]
+_waiting: dict = {}      # (workgroup, wave) of the current launch -> [wait start, last flag address, value]
+_waiting_launch = [None]  # the launch _waiting belongs to (the object itself: an id() is reused once freed)
 
 
 class RankHang(RuntimeError):
@@ -74,10 +75,9 @@ def rank() -> int | None:
 # ---- hooks called by the instruction builders --------------------------------------------------------
 
 def _wait_entry(w):
-    lid = id(w.launch)
-    if _waiting_launch[0] != lid:
+    if _waiting_launch[0] is not w.launch:
         _waiting.clear()
-        _waiting_launch[0] = lid
+        _waiting_launch[0] = w.launch
     return _waiting.setdefault((w.wg_id, w.wave_id), [None, None, None])
 
 
@@ -116,7 +116,10 @@ def watch_flag_load(h, address, lanes):
         if len(addrs):
             a = int(addrs[0])
             entry = _wait_entry(w)
-            entry[1], entry[2] = a, ctypes.c_uint32.from_address(a).value
+            value = ctypes.c_uint32.from_address(a).value
+            if (a, value) != (entry[1], entry[2]):
+                entry[0] = None  # progress (another flag, or this one moved): the wait clock starts again
+            entry[1], entry[2] = a, value
         return r
 
     return watched

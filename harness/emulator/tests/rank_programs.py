@@ -78,8 +78,11 @@ def _kernels():
     return launch
 
 
-def flag_exchange(rank, world, absent_rank=None, rounds=2):
-    """Every rank publishes a flag to every peer and waits for all; rank `absent_rank` never launches."""
+def flag_exchange(rank, world, absent_rank=None, rounds=2, stagger=0.0):
+    """Every rank publishes a flag to every peer and waits for all; rank `absent_rank` never launches.
+    From the second round on, rank r launches `stagger` x r seconds late (its peers wait that long)."""
+    import time
+
     import torch.distributed as dist
 
     pages = shared_pages(rank, world)
@@ -87,6 +90,8 @@ def flag_exchange(rank, world, absent_rank=None, rounds=2):
     if rank == absent_rank:
         return None
     for epoch in range(1, rounds + 1):
+        if epoch > 1:
+            time.sleep(stagger * rank)
         launch(*pages, pages[rank], rank, epoch)
     seen = pages[rank][:world].tolist()
     dist.barrier()  # every rank's atomic adds are done

@@ -23,3 +23,12 @@ def test_a_rank_that_never_arrives_is_a_hang_report_not_a_stuck_test(monkeypatch
     msg = str(err.value)
     assert "rank 0" in msg and "RankHang" in msg and "workgroup (0, 0, 0)" in msg, msg
     assert "pc 0x" in msg and "last system-scope load" in msg and "read 0" in msg, msg
+
+
+def test_the_hang_clock_runs_only_while_a_wave_waits_on_one_unchanged_flag():
+    """Rank 0 waits 3 x 3 s for its three staggered peers in each of two launches, longer than the 8 s
+    timeout in all, but each flag arrives within 3 s: no hang. (The clock once ran from a wave's first
+    sleep in any earlier launch whose state object had the same id(), a spurious RankHang under load.)"""
+    results = ranks.run(progs.flag_exchange, world=progs.WORLD, args=(None, 3, 3.0), timeout=8)
+    for r, res in enumerate(results):
+        assert res["flags"] == [3] * progs.WORLD, f"rank {r} saw {res['flags']}"
