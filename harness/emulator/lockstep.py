@@ -16,6 +16,8 @@ wave, so a race between two waves in one barrier epoch is seen whatever the orde
 the interleaving, which is a legal one: with the sanitizer's interleaving on, the seeded generator picks
 the group's leader, how many instructions it runs before the next pick and the order in which its waves
 take each wave-by-wave instruction; the seeded workgroup order decides which workgroups share a batch.
+Without it the laggards by PC go first, and a wave that executes s_sleep (a flag poll) yields until every
+awake wave has run, as a GPU keeps running the other waves while one polls.
 """
 
 from __future__ import annotations
@@ -56,6 +58,18 @@ def batched_table(program) -> list:
             out[i] = True
     program.__dict__["_lockstep_table"] = out
     return out
+
+
+def sleep_table(program) -> list:
+    """Per instruction: True for s_sleep (where a polling wave yields)."""
+    cache = program.__dict__.get("_sleep_table")
+    if cache is None:
+        cache = [False] * len(program.table)
+        for inst in program.insts.values():
+            if inst.mnemonic == "s_sleep":
+                cache[(inst.pc - program.base) >> 2] = True
+        program.__dict__["_sleep_table"] = cache
+    return cache
 
 
 class _Rows:
@@ -148,19 +162,30 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
     names the wave an exception came from (its w.pc is set to the instruction)."""
     base = program.base
     batched = batched_table(program)
+    sleeps = sleep_table(program)
     touch = static.touch if static is not None else None
     running = sorted((w for _, waves in workgroups for w in waves), key=_slot)
     at_barrier = {id(wg): [] for wg, _ in workgroups}
     active = {id(wg): len(waves) for wg, waves in workgroups}      # waves of the workgroup not at a barrier
+    asleep: set = set()     # slots of waves whose last instruction was s_sleep (they yield to the others)
     while running:
         if interleave:
             lead = running[rng.randrange(len(running))] if len(running) > 1 else running[0]
             budget = rng.randint(1, SLICE_MAX)
         else:
-            lead = min(running, key=_pc)        # the laggards first, so waves meet again
+            # The laggards first, so waves meet again; a wave that sleeps (polls a flag) waits until every
+            # awake wave has run, or a spinning group would starve the waves that publish what a peer
+            # rank waits for (a cross-rank deadlock that no GPU has: there every wave is scheduled).
+            awake = [w for w in running if w.slot not in asleep]
+            if not awake:
+                asleep.clear()
+                awake = running
+            lead = min(awake, key=_pc)
             budget = -1
         pc = lead.pc
         group = [w for w in running if w.pc == pc]
+        for w in group:
+            asleep.discard(w.slot)
         runs = _runs(group, regs) if len(group) > 1 else [(group, None)]
         if interleave and len(group) > 1:
             # the order in which the group's waves take each wave-by-wave instruction (memory) is seeded too
@@ -217,7 +242,9 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                         pc0 = w.pc
                     elif w.pc != pc0:
                         parted = True
-                if done or parted:
+                if sleeps[i]:
+                    asleep.update(w.slot for w in group)
+                if done or parted or (sleeps[i] and not interleave):
                     break
                 pc = pc0
             else:

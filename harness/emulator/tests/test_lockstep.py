@@ -91,3 +91,43 @@ SANITIZER_TESTS = [name for name, fn in inspect.getmembers(test_sanitizer, inspe
 def test_sanitizer_reports_on_the_per_wave_path(name):
     with emulator.options(lockstep=False):
         getattr(test_sanitizer, name)()
+
+
+def _poll_then_publish():
+    """Both workgroups poll a flag (s_sleep between polls) until it equals 1 - workgroup id, then store 1
+    into it: workgroup 1 passes at once and stores what workgroup 0 waits for. On a GPU both are resident and
+    it finishes; a scheduler that lets the poller (the laggard by PC) spin never runs the store."""
+    import flydsl.compiler as flyc
+    import flydsl.expr as fx
+    from flydsl.expr import rocdl
+
+    acq, rel = fx.AtomicOrdering.Acquire, fx.AtomicOrdering.Release
+
+    @flyc.kernel(name="lockstep_poll_then_publish", known_block_size=[64, 1, 1])
+    def kernel(flag: fx.Tensor):
+        slot = fx.add_offset(fx.get_iter(flag), fx.Int64(0))
+        need = 1 - fx.block_idx.x
+        v = fx.generic_load(slot, memory_order=acq, syncscope="one-as")
+        while v != need:
+            rocdl.s_sleep(1)
+            v = fx.generic_load(slot, memory_order=acq, syncscope="one-as")
+        fx.generic_store(slot, fx.Int32(1), memory_order=rel, syncscope="one-as")
+
+    @flyc.jit
+    def launch(flag: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+        kernel(flag).launch(grid=(2, 1, 1), block=(64, 1, 1), stream=stream)
+
+    return launch
+
+
+def test_a_wave_polling_a_flag_yields_to_the_wave_that_stores_it(monkeypatch):
+    """Lockstep scheduling of one batch: the poller (the laggard by PC) once ran until its flag came, which
+    never did (the cause of the TP8 all-reduce's cross-rank hangs in CI, here within one launch); now a wave
+    that executes s_sleep yields to the awake ones. Fails on the old scheduler with a RankHang."""
+    from harness.emulator import ranks
+
+    monkeypatch.setenv(ranks.TIMEOUT_ENV, "5")  # the old scheduler: a RankHang after 5 s, not a stuck test
+    flag = torch.zeros(4, dtype=torch.int32)
+    with emulator.options(lockstep=True):
+        _poll_then_publish()(flag)
+    assert flag[0].item() == 1
