@@ -94,9 +94,9 @@ def test_entry_before_the_communicator_exists_says_so(pkg, monkeypatch):
 @pytest.mark.skipif(not devices.current().emulated, reason="the absent-rank hang report is the emulator's")
 @pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
 def test_bad_inputs_across_ranks(pkg):
-    from harness.emulator import ranks
-
     import importlib
+
+    from harness.emulator import ranks
 
     dims = {"hidden": 2880, "eps": 1e-5, "ranks": pkg.ranks}
     edge = importlib.import_module(pkg.module).TWO_STAGE_MIN_TOKENS  # the worker's buffer holds edge tokens
