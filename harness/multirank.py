@@ -259,7 +259,7 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
     - a token count above the registered buffer (names x and the limit), a wrong dtype (names residual);
     - with AMD_KERNELS_CHECK_RANKS=1: ranks calling with different token counts, and one rank calling with
       another dtype (every rank raises, naming x and both ranks);
-    - the last rank never calls, in each tier (2 tokens: one-stage, 32: two-stage): the others' launch stops
+    - the last rank never calls, in each tier (2 tokens: one-stage; the edge: two-stage): the others' launch stops
       with the emulator's hang report (ranks.py).
     """
     import importlib

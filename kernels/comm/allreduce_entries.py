@@ -21,9 +21,11 @@ OPS = ("allreduce", "allreduce_fused_add_rmsnorm", "allreduce_fused_add_rmsnorm_
 
 
 # From this many tokens the two-stage tier (reduce-scatter, then all-gather: 2 x 7/8 of the rows over xGMI
-# per rank instead of 7 x) runs; below it the one-stage tier (one barrier round trip fewer). Both give the same
-# bits for every row, so the edge is a speed choice only (README: "Tiers").
-TWO_STAGE_MIN_TOKENS = 32
+# per rank instead of 7 x) runs; below it the one-stage tier (one barrier round trip fewer, and one workgroup
+# per row where the two-stage workgroup norms its group's 8 rows in turn). Both give the same bits for every
+# row, so the edge is a speed choice only: the crossover of the cost model's projections of the layer's two
+# fused all-reduces together (README: "Tiers"); not yet timed on a GPU.
+TWO_STAGE_MIN_TOKENS = 184
 TIERS = ("one_stage", "two_stage")
 
 
