@@ -392,8 +392,10 @@ def plain(t: torch.Tensor, experts_per_draw: int = 8) -> torch.Tensor:
     whole tensor's), anything else made contiguous. For what needs real storage (torch.save, another process)."""
     if not isinstance(t, LazyExperts):
         return t.contiguous()
-    return torch.cat([t._sliced(0, e, e + experts_per_draw).materialize()
-                      for e in range(0, t.shape[0], experts_per_draw)])
+    out = torch.empty(t.shape, dtype=t.dtype)  # filled chunk by chunk: no second whole copy (torch.cat's)
+    for e in range(0, t.shape[0], experts_per_draw):
+        out[e:e + experts_per_draw] = t._sliced(0, e, e + experts_per_draw).materialize()
+    return out
 
 
 @functools.lru_cache(maxsize=1)
