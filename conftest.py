@@ -74,6 +74,8 @@ def pytest_runtest_teardown(item, nextitem):
         memory.release_caches()
     else:
         memory.trim()
+    if getattr(item, "_amd_kernels_ran", False):
+        memory.log_peak(item.nodeid, peak)
     limit = memory.limit_mib()
     # Only a test that ran: a skipped one allocated nothing, and its "peak" is what earlier tests left resident
     # (the shape's cached weights, kept for the next test of the shape), which their own checks counted.

@@ -229,6 +229,8 @@ def main(argv=None) -> int:
     print(f"TP{args.tp} chain with P rounded to bf16 against the TP1 reference chain, "
           f"{'chunked-prefill' if args.prefill else 'decode'} run", flush=True)
     weights = ref_layer.build_layer_weights(checks.seed_of("layer-weights"))
+    if args.tp > 1:  # every seed cuts the 8 shards: from experts drawn once (a lazy shard draws all of w2)
+        weights = ref_layer.drawn_experts(weights)
     for layer_idx, kind in ((0, "window (first layer)"), (1, "full")):
         if args.layer_idx not in (None, layer_idx):
             continue

@@ -4,7 +4,13 @@ The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's
 expert by expert where it is used (references.moe.LazyExperts), so a TP1 MoE case holds only its prepared
 weights (1.7 GB, kept for the shape's next case: preparing costs ~20 s) and peaks at ~3.3 GiB. conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this
 process only: xdist workers and a plain run alike) passes the limit, and releases the caches between tests
-that do not share their inputs.
+that do not share their inputs. The decoder layer's weights (references.layer.build_layer_weights) hold the same
+lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the decode
+chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
+
+AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB>" per test that ran: the
+per-test peaks of a whole run. `/usr/bin/time -v` cannot give them: its "Maximum resident set size" is each
+process's peak since its last reset, so for a test process only the last test's.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import os
 import pkgutil
 
 LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
-DEFAULT_LIMIT_MIB = 7168  # the goal is 4096: the TP1 layer chain still holds its eager checkpoint (README)
+PEAK_LOG_ENV = "AMD_KERNELS_TEST_PEAK_LOG"  # a file path: each test that ran appends "nodeid pid peak_kib"
+DEFAULT_LIMIT_MIB = 7168  # the goal is 4096 (README)
 
 
 def limit_mib() -> int:
@@ -30,6 +37,15 @@ def limit_mib() -> int:
     if value < 0:
         raise ValueError(f"{LIMIT_ENV}={raw!r}: expected a whole number of MiB (0: no limit)")
     return value
+
+
+def log_peak(nodeid: str, peak_kib: int) -> None:
+    """Append a test's peak to the file AMD_KERNELS_TEST_PEAK_LOG names (unset: nothing), one line per test:
+    "<nodeid> <pid> <peak KiB>" (xdist workers append to the same file; a line is one write)."""
+    path = os.environ.get(PEAK_LOG_ENV, "")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{nodeid} {os.getpid()} {peak_kib}\n")
 
 
 def status_kib(field: str) -> int:

@@ -268,15 +268,16 @@ def test_prefill_chain_tp8(layer_idx):
                            {n: _slots(ref_cache[n], live) for n in ("key", "value")})
     small = {k: weights[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias")}
     with tempfile.TemporaryDirectory(prefix="amdk-layer-") as tmp:
+        drawn = ref_layer.drawn_experts(weights)  # the lazy experts drawn once for the 8 shards
         for r in range(8):
             layer_ranks.save_shard(tmp, r, {
-                "weights": ref_layer.shard_layer_weights(weights, r),
+                "weights": ref_layer.shard_layer_weights(drawn, r),
                 "key_cache": ref_layer.shard_cache(run["key_cache"], r),
                 "value_cache": ref_layer.shard_cache(run["value_cache"], r),
                 "inputs": {li: [(p[r], res) for p, _, res in inputs[li]] for li in layers}})
-        del weights
+        del weights, drawn
         ref_layer.build_layer_weights.cache_clear()
-        moe._weights.cache_clear()
+        moe._lazy_weights.cache_clear()  # the experts' draw states (references.moe caches its last set)
         gc.collect()
         results = layer_ranks.run(config, tmp)
     weights = small

@@ -50,11 +50,13 @@ def test_shards_are_vllm_cuts():
     the O bias on rank 0 only), and the MoE reference on a rank's slice gives the whole checkpoint's partial."""
     w = ref_layer.build_layer_weights(_weights_seed())
     names = ("w13_blocks", "w13_scales", "w13_bias", "w2_blocks", "w2_scales", "w2_bias")
+    drawn = ref_layer.drawn_experts(w)  # the lazy experts drawn once for the 8 shards
     shards = []
     for r in range(8):  # the MoE slices of ranks 0 and 7 kept (memory)
-        sh = ref_layer.shard_layer_weights(w, r)
+        sh = ref_layer.shard_layer_weights(drawn, r)
         shards.append(sh if r in (0, 7) else {k: v for k, v in sh.items() if k not in names})
         del sh
+    del drawn
     hq, hk = 512, 64
     for name in ("qkv", "qkv_scales", "qkv_bias"):
         parts = [sh[name] for sh in shards]
@@ -130,15 +132,16 @@ def test_decode_chain_tp8():
                            {n: _slots(ref_cache[n], live) for n in ("key", "value")})
     small = {k: weights[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias")}
     with tempfile.TemporaryDirectory(prefix="amdk-layer-") as tmp:
+        drawn = ref_layer.drawn_experts(weights)  # the lazy experts drawn once for the 8 shards
         for r in range(8):
             layer_ranks.save_shard(tmp, r, {
-                "weights": ref_layer.shard_layer_weights(weights, r),
+                "weights": ref_layer.shard_layer_weights(drawn, r),
                 "key_cache": ref_layer.shard_cache(run["key_cache"], r),
                 "value_cache": ref_layer.shard_cache(run["value_cache"], r),
                 "inputs": {li: [(p[r], res) for p, _, res in inputs[li]] for li in layers}})
-        del weights
+        del weights, drawn
         ref_layer.build_layer_weights.cache_clear()
-        moe._weights.cache_clear()  # the experts (references.moe caches its last weight set)
+        moe._lazy_weights.cache_clear()  # the experts' draw states (references.moe caches its last set)
         gc.collect()
         results = layer_ranks.run(config, tmp)
     weights = small

@@ -46,8 +46,8 @@ def test_after_it():
     """Measured from its own start: the memory test_holds_memory held is not counted here."""
 
 
-def _run(above_mib: int, keep: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, HOLD_ENV: str(above_mib), **({KEEP_ENV: "1"} if keep else {})}
+def _run(above_mib: int, keep: bool = False, peak_log: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, HOLD_ENV: str(above_mib), **({KEEP_ENV: "1"} if keep else {}), memory.PEAK_LOG_ENV: peak_log}
     after = "test_skipped_while_it_is_held" if keep else "test_after_it"
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                            f"{__file__}::test_holds_memory", f"{__file__}::{after}"],
@@ -65,6 +65,18 @@ def test_a_test_above_the_limit_fails():
     assert "2 passed in" in under.stdout, under.stdout + under.stderr
     held = _run(64, keep=True)  # the memory stays resident through a skipped test: only the holder errors
     assert "1 passed, 1 skipped, 1 error" in held.stdout, held.stdout + held.stderr
+
+
+def test_peak_log(tmp_path):
+    """AMD_KERNELS_TEST_PEAK_LOG: one line per test that ran, its id, pid and peak (KiB), the holder's above
+    the RSS it held."""
+    log = tmp_path / "peaks.txt"
+    run = _run(-64, peak_log=str(log))
+    assert "2 passed in" in run.stdout, run.stdout + run.stderr
+    held_mib = int(re.search(r"limit (\d+) MiB", run.stdout)[1]) - 64
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert [line[0].split("::")[1] for line in lines] == ["test_holds_memory", "test_after_it"], lines
+    assert lines[0][1] == lines[1][1] and int(lines[0][2]) >= (held_mib - 8) * 1024, (held_mib, lines)
 
 
 def test_a_bad_limit_is_named(monkeypatch):
@@ -117,3 +129,33 @@ def test_lazy_moe_checkpoint_is_the_eager_one_bit_for_bit():
         (ra,) = M.moe_mxfp4_gptoss(x, weights, ids, *(eager[n] for n in names), tp_size=tp, tp_rank=rank)
         (rb,) = M.moe_mxfp4_gptoss(x, weights, ids, *(lazy[n] for n in names), tp_size=tp, tp_rank=rank)
         assert torch.equal(ra.view(torch.int16), rb.view(torch.int16))
+
+
+def test_layer_checkpoint_is_lazy_and_its_shards_plain():
+    """The decoder layer's weights (references.layer.build_layer_weights, what the TP1 layer chains run on) hold
+    their experts as the MoE builder's lazy checkpoint (the tensors proven the eager builder's bytes above), not
+    1.7 GB resident; a TP shard (shard_layer_weights, saved for the rank processes) is ordinary tensors holding
+    the shard's bytes of that checkpoint."""
+    import io
+
+    import torch
+
+    import references.layer as L
+    import references.moe as M
+
+    w = L.build_layer_weights(7)
+    lazy = M._lazy_weights(L.HIDDEN, L.INTERMEDIATE, L.EXPERTS, True, 1000 + L.HIDDEN + L.INTERMEDIATE + L.EXPERTS)
+    for name in ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales"):
+        assert isinstance(w[name], M.LazyExperts) and w[name]._recipe == lazy[name]._recipe, name
+    resident = sum(t.nbytes for t in w.values() if not isinstance(t, M.LazyExperts))
+    assert resident < 128 << 20, f"the layer's weights hold {resident >> 20} MiB"
+    start, end = M.shard_columns(L.INTERMEDIATE, 8, 7)  # rank 7: the short block run (192 columns)
+    shard = L.shard_layer_weights(w, 7)
+    assert not any(isinstance(t, M.LazyExperts) for t in shard.values())
+    torch.save(shard, io.BytesIO())  # what harness/layer_ranks.save_shard does
+    for e in (0, 77, L.EXPERTS - 1):  # one expert regenerated whole, sliced as the shard's
+        assert torch.equal(shard["w13_blocks"][e], w["w13_blocks"][e][2 * start:2 * end])
+        assert torch.equal(shard["w13_scales"][e], w["w13_scales"][e][2 * start:2 * end])
+        assert torch.equal(shard["w2_blocks"][e], w["w2_blocks"][e][:, start // 2:end // 2])
+        assert torch.equal(shard["w2_scales"][e], w["w2_scales"][e][:, start // 32:end // 32])
+    assert torch.equal(shard["w13_bias"], w["w13_bias"][:, 2 * start:2 * end])

@@ -21,7 +21,8 @@ Weights (`build_layer_weights`): the checkpoint's formats at the real dims, seed
   cos_sin_cache fp32 [131072, 64]: the YaRN table (references.attention.build_cos_sin_cache);
   router_weight bf16 [128, 2880] ~ N(0, 1/2880), router_bias bf16 [128] ~ N(0, 0.25);
   w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias: MXFP4 experts in the checkpoint layout
-  (references.moe's expert weights, the MoE checks' model).
+  (references.moe's expert weights, the MoE checks' model; the uint8 ones as references.moe.LazyExperts,
+  regenerated where read, the same bytes as the eager builder's).
 
 Chain bound (what a kernel chain must reach against this reference chain; harness/test_layer.py asserts it,
 harness/layer_bound.py derives it). Each kernel is held to its op's tolerance on its own inputs; along the
@@ -77,7 +78,9 @@ def sliding_window(layer_idx: int) -> int:
 
 @functools.lru_cache(maxsize=2)
 def build_layer_weights(seed: int) -> dict:
-    """One layer's weights in checkpoint formats (see the module docstring); cached (the experts are 1.6 GB)."""
+    """One layer's weights in checkpoint formats (see the module docstring); cached. The experts are
+    references.moe's lazy checkpoint (LazyExperts: the MoE builder's bytes, regenerated where read), so a
+    layer's weights hold ~64 MB, not the experts' 1.7 GB beside the MoE package's prepared copy."""
     gen = torch.Generator().manual_seed(seed)
     qkv_n = (QUERY_HEADS + 2 * KV_HEADS) * HEAD_DIM
     o_k = QUERY_HEADS * HEAD_DIM
@@ -97,7 +100,7 @@ def build_layer_weights(seed: int) -> dict:
     w["router_weight"] = (torch.randn(EXPERTS, HIDDEN, generator=gen) / HIDDEN**0.5).to(torch.bfloat16)
     w["router_bias"] = (0.25 * torch.randn(EXPERTS, generator=gen)).to(torch.bfloat16)
     w["cos_sin_cache"] = attention.build_cos_sin_cache()
-    w.update(moe._weights(HIDDEN, INTERMEDIATE, EXPERTS, True, 1000 + HIDDEN + INTERMEDIATE + EXPERTS))
+    w.update(moe._lazy_weights(HIDDEN, INTERMEDIATE, EXPERTS, True, 1000 + HIDDEN + INTERMEDIATE + EXPERTS))
     return w
 
 
@@ -235,7 +238,8 @@ def shard_layer_weights(weights: dict, tp_rank: int, tp_size: int = 8) -> dict:
       only (vLLM adds it there: the other ranks get zeros, which add nothing);
     - sinks: its query heads';
     - MoE: references.moe.shard_columns's 32-column blocks of the intermediate dim (w13 rows 2 start .. 2 end,
-      w2 columns and scale blocks; the w2 bias whole, added by rank 0: moe_rank_reference);
+      w2 columns and scale blocks; the w2 bias whole, added by rank 0: moe_rank_reference), as ordinary
+      tensors (lazy experts drawn);
     - norms, router, cos_sin_cache: whole on every rank."""
     if tp_size < 1 or QUERY_HEADS % tp_size or KV_HEADS % tp_size or not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank {tp_rank} / tp_size {tp_size}: the heads ({QUERY_HEADS}, {KV_HEADS}) do not shard")
@@ -255,11 +259,18 @@ def shard_layer_weights(weights: dict, tp_rank: int, tp_size: int = 8) -> dict:
                sinks=w["sinks"][tp_rank * hq:(tp_rank + 1) * hq].clone())
     start, end = moe.shard_columns(INTERMEDIATE, tp_size, tp_rank)
     mrows = torch.arange(2 * start, 2 * end)
-    out.update(w13_blocks=w["w13_blocks"][:, mrows].contiguous(), w13_scales=w["w13_scales"][:, mrows].contiguous(),
-               w13_bias=w["w13_bias"][:, mrows].contiguous(),
-               w2_blocks=w["w2_blocks"][:, :, start // 2:end // 2].contiguous(),
-               w2_scales=w["w2_scales"][:, :, start // 32:end // 32].contiguous(), w2_bias=w["w2_bias"])
+    # moe.plain: the lazy experts drawn as ordinary tensors (a shard is saved for the rank processes)
+    out.update(w13_blocks=moe.plain(w["w13_blocks"][:, mrows]), w13_scales=moe.plain(w["w13_scales"][:, mrows]),
+               w13_bias=moe.plain(w["w13_bias"][:, mrows]),
+               w2_blocks=moe.plain(w["w2_blocks"][:, :, start // 2:end // 2]),
+               w2_scales=moe.plain(w["w2_scales"][:, :, start // 32:end // 32]), w2_bias=w["w2_bias"])
     return out
+
+
+def drawn_experts(weights: dict) -> dict:
+    """`weights` with the lazy experts drawn as ordinary tensors (1.7 GB): for cutting every rank's shard from
+    one draw (a lazy checkpoint's shard draws the whole w2 for its columns, ~1.3 s of CPU per rank)."""
+    return {k: moe.plain(v) for k, v in weights.items()}
 
 
 def shard_cache(cache: torch.Tensor, tp_rank: int, tp_size: int = 8) -> torch.Tensor:

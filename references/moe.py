@@ -386,6 +386,18 @@ class LazyExperts(torch.Tensor):
         return func(*torch.utils._pytree.tree_map(real, args), **torch.utils._pytree.tree_map(real, kwargs))
 
 
+def plain(t: torch.Tensor, experts_per_draw: int = 8) -> torch.Tensor:
+    """`t` as an ordinary contiguous tensor: a LazyExperts drawn `experts_per_draw` experts at a time (a slice
+    of its last dim, e.g. a TP shard's w2 columns, then holds one chunk's whole rows beside the result, not the
+    whole tensor's), anything else made contiguous. For what needs real storage (torch.save, another process)."""
+    if not isinstance(t, LazyExperts):
+        return t.contiguous()
+    out = torch.empty(t.shape, dtype=t.dtype)  # filled chunk by chunk: no second whole copy (torch.cat's)
+    for e in range(0, t.shape[0], experts_per_draw):
+        out[e:e + experts_per_draw] = t._sliced(0, e, e + experts_per_draw).materialize()
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def _lazy_weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> dict:
     """_weights as LazyExperts (the biases whole): the same bytes, regenerated where used."""
