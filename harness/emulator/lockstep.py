@@ -242,9 +242,10 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                         pc0 = w.pc
                     elif w.pc != pc0:
                         parted = True
-                if sleeps[i]:
+                if sleeps[i] and not interleave:  # the seeded interleaving switches waves by itself
                     asleep.update(w.slot for w in group)
-                if done or parted or (sleeps[i] and not interleave):
+                    break
+                if done or parted:
                     break
                 pc = pc0
             else:
