@@ -1,7 +1,13 @@
 """What is special about the paged attention entries: the value checks of their arguments (run on CPU
-tensors, i.e. under the emulator; on a GPU only with AMD_KERNELS_CHECK_VALUES=1) name the argument."""
+tensors, i.e. under the emulator; on a GPU only with AMD_KERNELS_CHECK_VALUES=1) name the argument; tracing
+the prefill kernel reads no freed memory."""
 
 from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -143,3 +149,31 @@ def test_prefill_workgroups_cover_every_tile_once(seed):
     # idle: the x < B of sequences without tiles, and chunks holding only last tiles' rows, rows of q_len <= 1
     # sequences and padding rows
     assert len(got) - len(tiles) <= B + 1 + (sum(n for n in q_lens if n <= 1) + pad) // kp.TILE_TOKENS
+
+
+_TRACE_PREFILL = """
+import faulthandler
+faulthandler.enable()
+import flydsl.compiler as flyc
+from amd_kernels.attention import paged_q8_kv1_d64 as package
+for key in ("prefill_full", "prefill_window"):
+    variant = package.VARIANTS.variants[key]
+    try:
+        flyc.compile(variant.launcher, *variant.example_args())
+    except RuntimeError as err:  # the trace ran; the artifact lookup in the empty cache missed
+        if "RUN_ONLY" not in str(err):
+            raise
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc settings are glibc's")
+def test_prefill_trace_reads_no_freed_memory(tmp_path):
+    """Tracing the prefill kernels reads no freed memory. With glibc's per-thread cache off, MALLOC_PERTURB_
+    fills freed blocks with 0xa5, so reading an erased MLIR value (as FlyDSL 0.5's ternary dispatcher does,
+    which paged_prefill._if avoids) fails on the first trace instead of in one suite run out of a few."""
+    env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.tcache_count=0", MALLOC_PERTURB_="165",
+               FLYDSL_RUNTIME_RUN_ONLY="1", FLYDSL_RUNTIME_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", _TRACE_PREFILL], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"

@@ -50,23 +50,28 @@ from flydsl.expr.typing import T
 from amd_kernels.attention import paged_decode as kd
 from amd_kernels.common import buffer, mfma, wave
 
-_if = ReplaceIfWithDispatch.scf_ifexp_dispatch  # a wave-uniform branch returning values (scf.if)
-
-
-def _if_raw(cond, then_fn, keep):
-    """scf.if over COLS x 4 accumulators: then_fn() when `cond`, else `keep` unchanged (built directly: the
-    generic dispatcher's trial trace mistypes these MFMA results)."""
-    flat = [fx.as_ir_value(v) for row in keep for v in row]
-    op = scf.IfOp(ReplaceIfWithDispatch._to_i1(cond), [v.type for v in flat], has_else=True)
+def _if(cond, types, then_fn, else_fn):
+    """scf.if yielding one value per entry of `types`: then_fn() when `cond` (wave-uniform), else else_fn(),
+    each a flat list of values -> the results as fx.Vector. Built directly, never through FlyDSL's
+    ReplaceIfWithDispatch.scf_ifexp_dispatch: that one traces the branches into a region it erases, then
+    reads the erased values' types (freed memory): a rare native crash while tracing (0.5.0)."""
+    op = scf.IfOp(ReplaceIfWithDispatch._to_i1(cond), types, has_else=True)
     with ir.InsertionPoint(op.regions[0].blocks[0]):
-        scf.YieldOp([fx.as_ir_value(v) for row in then_fn() for v in row])
+        scf.YieldOp([fx.as_ir_value(v) for v in then_fn()])
     if len(op.regions[1].blocks) == 0:
         op.regions[1].blocks.append()
     with ir.InsertionPoint(op.regions[1].blocks[0]):
-        scf.YieldOp(flat)
-    res = list(op.results)
+        scf.YieldOp([fx.as_ir_value(v) for v in else_fn()])
+    return [fx.Vector(r) for r in op.results]
+
+
+def _if_keep(cond, then_fn, keep):
+    """_if over COLS x n accumulators: then_fn() when `cond`, else `keep` unchanged."""
+    flat = [fx.as_ir_value(v) for row in keep for v in row]
+    res = _if(cond, [v.type for v in flat], lambda: [v for row in then_fn() for v in row], lambda: flat)
     n = len(keep[0])
-    return [[fx.Vector(res[c * n + d]) for d in range(n)] for c in range(len(keep))]
+    return [res[c * n:(c + 1) * n] for c in range(len(keep))]
+
 
 HEAD_DIM = kd.HEAD_DIM
 BLOCK = kd.BLOCK
@@ -234,7 +239,8 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
             need[t] = k_first <= wpos[1]
             if window:
                 need[t] = need[t] & (k_first + 15 > wpos[0] - window)
-            s_all.append(_if(need[t], lambda t=t: scores(t), lambda: [mfma.zeros() for _ in range(COLS)]))
+            s_all.append(_if(need[t], [T.f32x4] * COLS, lambda t=t: scores(t),
+                             lambda: [mfma.zeros() for _ in range(COLS)]))
         else:
             s_all.append(scores(t))
     m_new_all, l_new_all, alpha_all, p_all = [], [], [], []
@@ -283,7 +289,7 @@ def _block(state, blk, masked, *, lds, rsrcs, h, kv_row, lane, tid, L, pos, wpos
 
     for t in range(4):
         if masked:  # a 16-key tile no row of the wave keeps adds nothing (p = 0): skipped
-            o_new = _if_raw(need[t], lambda t=t, o=o_new: pv(t, o), o_new)
+            o_new = _if_keep(need[t], lambda t=t, o=o_new: pv(t, o), o_new)
         else:
             o_new = pv(t, o_new)
     return m_new_all, l_new_all, o_new, kin, vin, pb_next
