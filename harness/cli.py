@@ -1,13 +1,15 @@
 """The harness's command line.
 
   python -m harness run regimes/<model>.toml [--all] [--tokens 1,8,64] [--only gemm/] [--plan] [--no-exec]
+                                            [--jobs N]
       warm up every kernel the regime names, then print per op and shape: warm-up (compile) time, ISA card
       of each variant, and, where a GPU or the emulator executes, one row per token count as it finishes:
       cosine, determinism and padding results, with the cost model's projected MI355X us
       (benchmarks/costmodel.py; multi-rank ops: each rank projects its own launches; the range over ranks is
       shown, its low end the rank that waited least for its peers, i.e. ranks arriving together). On the
       emulator the counts CI checks (kernel.toml [emulator] sets), --all every count. Results on stdout;
-      a progress bar and the time left on stderr.
+      a progress bar and the time left on stderr. Single-rank cases run in N worker processes (default: one
+      per core), multi-rank ops after them.
   python -m harness run regimes/<model>.toml --layer [--tp 1] [--tokens 1,8,64,256]
       the regime's decoder layer ([[layer]]): each step's entry, its warm-up time, and at each decode token
       count the kernels it launches, the cost model's projected us and the floor, per step and in total
@@ -83,6 +85,7 @@ def plan(regime: str | Path, *, every: bool = False, tokens: set | None = None, 
 # (s: wall seconds of the case, cpu s: this process's CPU seconds, which a shared machine does not inflate).
 ROW = [("tokens", 6), ("real", 6), ("determ.", 7), ("padding", 7), ("rows checked", 18), ("projected us", 12),
        ("s", 7), ("cpu s", 7), ("cosine", 0), ("result", 0)]
+PARALLEL_ROW = [("case", 58)] + ROW  # --jobs: rows of several shapes interleave
 MULTIRANK_ROW = [("tokens", 6), ("real", 6), ("ranks equal", 11), ("repeat equal", 12),
                  ("projected us (ranks: least-most waiting)", 40), ("s", 7), ("cosine", 0), ("result", 0)]
 
@@ -111,17 +114,17 @@ def cmd_run(args) -> int:
                   f"{len(shape.token_counts)} counts: {' '.join(str(c.tokens) for c in counts)}")
         print(f"{sum(len(c) for *_, c in work)} cases")
         return 0
-    from harness import checks
-    from references import OPS
-
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
     n_cases = 0 if args.no_exec else sum(len(c) for *_, c in work)
     scope = "every regime count (--all)" if args.all else ("the counts CI checks (--all: every count)"
                                                            if emulated else "every count")
     print(f"regime {Path(args.regime).stem} on {dev.kind}: {len(work)} op shapes, {n_cases} cases; {scope}",
           flush=True)
     bar = progress.Progress([(shape.id, shape.dims_json, [(c.tokens, c.real) for c in counts])
-                             for shape, _, counts in work], executing=not args.no_exec)
-    failed, carded = False, set()
+                             for shape, _, counts in work], executing=not args.no_exec, jobs=args.jobs)
+    failed, carded, later = False, set(), []
+    pool = _CasePool(args.jobs, bar) if args.jobs > 1 and not args.no_exec else None
     for shape, pkg, counts in work:
         entry = pkg.import_entries()[pkg.entry_for_op(shape.op)]
         bar.status(f"warming up {shape.op} @ {shape.kernel}")
@@ -129,6 +132,8 @@ def cmd_run(args) -> int:
         report = entry.warm_up()
         warm_s = time.perf_counter() - start
         bar.warmed(shape.id, shape.dims_json, warm_s)
+        if pool:
+            failed |= pool.print_finished()
         bar.out(f"\n== {shape.op} @ {shape.kernel}  (served by {', '.join(shape.served_by)})")
         bar.out(f"dims {shape.dims_json}")
         if report:
@@ -146,37 +151,111 @@ def cmd_run(args) -> int:
         if args.no_exec:
             continue
         bar.out(f"{len(counts)} of {len(shape.token_counts)} token counts"
-                + ("" if len(counts) == len(shape.token_counts) else " (--all: every count)"))
+                + ("" if len(counts) == len(shape.token_counts) else " (--all: every count)")
+                + (" (rows below, as they finish)" if counts and pool and pkg.ranks == 1 else ""))
         if not counts:
             continue
         if pkg.ranks > 1:  # multi-rank kernels run on pkg.ranks ranks (harness/multirank.py)
-            failed |= _run_multirank(pkg, shape, counts, bar)
+            if pool:  # its rank processes take every core: after the pool's cases
+                bar.out("(after the other shapes' cases: its ranks need every core)")
+                later.append((pkg, shape, counts))
+            else:
+                failed |= _run_multirank(pkg, shape, counts, bar)
+            continue
+        if pool:
+            pool.submit(shape, pkg, counts)
             continue
         _print_header(bar.out, ROW)
         for count in counts:
             bar.status(f"{shape.op} @ {shape.kernel} at {count.tokens} tokens")
-            start, cpu = time.perf_counter(), time.process_time()
-            seed = checks.seed_of(shape.id, count.tokens, count.real)
-            try:
-                res = checks.check_case(pkg, entry, shape.op, shape.dims, count.tokens, count.real, seed)
-            except Exception as e:  # e.g. a SanitizerReport: this row fails, the run goes on
-                failed = True
-                bar.done(shape.id, shape.dims_json, (count.tokens, count.real), time.perf_counter() - start)
-                bar.out(_line(ROW, [count.tokens, count.real, "-", "-", "-", "-", "-", "-", "-",
-                                    f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"]))
-                continue
-            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-            bad = res.failures(OPS[shape.op].cosine_min)
-            failed |= bool(bad)
+            cells, bad, seconds = run_case(pkg.path, shape.op, shape.dims, shape.id, count.tokens, count.real)
+            failed |= bad
             bar.done(shape.id, shape.dims_json, (count.tokens, count.real), seconds)
-            bar.out(_line(ROW, [count.tokens, count.real, "yes" if res.deterministic else "NO",
-                                "yes" if res.padding_harmless else "NO",
-                                f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""),
-                                _projected(res.launches), f"{seconds:.1f}", f"{cpu:.1f}",
-                                " ".join(f"{n}={c:.6f}" for n, c in res.cosines.items()),
-                                "ok" if not bad else "; ".join(bad)]))
+            bar.out(_line(ROW, cells))
+    if pool:
+        failed |= pool.finish()
+        for pkg, shape, counts in later:
+            bar.out(f"\n== {shape.op} @ {shape.kernel}")
+            failed |= _run_multirank(pkg, shape, counts, bar)
     bar.finish()
     return 1 if failed else 0
+
+
+def run_case(path: str, op: str, dims: dict, shape_id: str, tokens: int, real: int) -> tuple[list, bool, float]:
+    """One case of `harness run`, in this process or a --jobs worker: (ROW cells, failed, wall seconds)."""
+    from harness import checks, discovery
+    from references import OPS
+
+    pkg = discovery.discover()[path]
+    entry = pkg.import_entries()[pkg.entry_for_op(op)]
+    entry.warm_up()  # a worker loads what the parent's warm-up compiled (the disk cache)
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        res = checks.check_case(pkg, entry, op, dims, tokens, real, checks.seed_of(shape_id, tokens, real))
+    except Exception as e:  # e.g. a SanitizerReport: this row fails, the run goes on
+        return ([tokens, real, "-", "-", "-", "-", "-", "-", "-",
+                 f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"], True,
+                time.perf_counter() - start)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    bad = res.failures(OPS[op].cosine_min)
+    return ([tokens, real, "yes" if res.deterministic else "NO", "yes" if res.padding_harmless else "NO",
+             f"{res.rows_checked}/{res.rows_real}" + (" sampled" if res.sampled else ""), _projected(res.launches),
+             f"{seconds:.1f}", f"{cpu:.1f}", " ".join(f"{n}={c:.6f}" for n, c in res.cosines.items()),
+             "ok" if not bad else "; ".join(bad)], bool(bad), seconds)
+
+
+def _worker_setup() -> None:
+    _setup()
+
+
+class _CasePool:
+    """--jobs N: single-rank cases run in N worker processes (spawned: a fork would copy the parent's
+    threads' locks); each row prints when it finishes, after its shape's header, with the shape named."""
+
+    def __init__(self, jobs: int, bar):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.bar = bar
+        self.executor = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_worker_setup)
+        self.futures = []  # (future, shape, count), in submission order
+        self.header = False
+
+    def submit(self, shape, pkg, counts) -> None:
+        for c in counts:
+            fut = self.executor.submit(run_case, pkg.path, shape.op, shape.dims, shape.id, c.tokens, c.real)
+            self.futures.append((fut, shape, c))
+
+    def _print(self, item) -> bool:
+        fut, shape, c = item
+        try:
+            cells, bad, seconds = fut.result()
+        except Exception as e:  # the worker died (e.g. out of memory): this row fails, the run goes on
+            cells, bad, seconds = [c.tokens, c.real, "-", "-", "-", "-", "-", "-", "-",
+                                   f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"], True, 0.0
+        if not self.header:
+            _print_header(self.bar.out, PARALLEL_ROW)
+            self.header = True
+        self.bar.done(shape.id, shape.dims_json, (c.tokens, c.real), seconds)
+        self.bar.out(_line(PARALLEL_ROW, [f"{shape.op} @ {shape.kernel}"] + cells))
+        return bad
+
+    def print_finished(self) -> bool:
+        done = [f for f in self.futures if f[0].done()]
+        self.futures = [f for f in self.futures if not f[0].done()]
+        return any([self._print(f) for f in done])
+
+    def finish(self) -> bool:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        failed = False
+        while self.futures:
+            self.bar.status(f"{len(self.futures)} cases running or queued on the workers")
+            wait([f for f, *_ in self.futures], return_when=FIRST_COMPLETED)
+            failed |= self.print_finished()
+        self.executor.shutdown()
+        return failed
 
 
 def _projected(launches) -> str:
@@ -330,6 +409,9 @@ def main(argv=None) -> int:
     run.add_argument("--plan", action="store_true", help="list the op shapes and token counts it would check, "
                                                          "then stop")
     run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")
+    run.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="worker processes for the single-rank cases (default: one per core; 1: in this process, "
+                          "rows under their shape)")
     run.add_argument("--layer", action="store_true",
                      help="the regime's decoder layer: each step's entry, warm-up, launches, projected us and floor "
                           "per token count")

@@ -256,7 +256,8 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
     """Runs in each rank: the errors a multi-rank fused entry must give (messages returned, not raised).
 
     - communicators created with different sizes on different ranks (every rank raises);
-    - a token count above the registered buffer (names x and the limit), a wrong dtype (names residual);
+    - a token count above the registered buffer (names x and the limit), a wrong dtype (names residual), and
+      the same wrong dtype through the op's fake (what torch.compile traces with: the same message);
     - with AMD_KERNELS_CHECK_RANKS=1: ranks calling with different token counts, and one rank calling with
       another dtype (every rank raises, naming x and both ranks);
     - the last rank never calls, in each tier (2 tokens: one-stage; the edge: two-stage): the others' launch stops
@@ -284,7 +285,13 @@ def bad_input_worker(rank: int, world: int, module: str, dims: dict) -> dict:
     mine = {**inputs, "x": inputs["x"][rank].contiguous()}
     catch("too_many_tokens", lambda: entry(**mine))
     small = {**{k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() == 2 else v) for k, v in mine.items()}}
-    catch("dtype", lambda: entry(**{**small, "residual": small["residual"].float()}))
+    bad_dtype = {**small, "residual": small["residual"].float()}
+    catch("dtype", lambda: entry(**bad_dtype))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        catch("fake_dtype", lambda: entry(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+                                             for k, v in bad_dtype.items()}))
     from amd_kernels import host
 
     os.environ["AMD_KERNELS_CHECK_RANKS"] = "1"  # the host-side cross-rank check (a debugging mode)

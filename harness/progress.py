@@ -32,9 +32,10 @@ def clock(seconds: float) -> str:
 
 class Progress:
     """shapes: [(shape id, dims json, [(tokens, real)])] in the order they run; executing: cases run
-    (else only warm-ups)."""
+    (else only warm-ups); jobs: how many cases run at once (the estimate divides the cases' time by it)."""
 
-    def __init__(self, shapes: list, executing: bool = True, stream=None, times_path=TIMES):
+    def __init__(self, shapes: list, executing: bool = True, stream=None, times_path=TIMES, jobs: int = 1):
+        self.jobs = max(1, jobs)
         self._lock = threading.Lock()
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
@@ -100,13 +101,15 @@ class Progress:
         """None until something in the remaining work has a time (history or this run)."""
         total, unknown = 0.0, 0
         for i, (key, sk) in enumerate(self.pending.items()):
+            warm = key.endswith(" warm-up")
             guess = self.history.get(key)
             if guess is None:
-                guess = self._mean(sk, key.endswith(" warm-up"))
+                guess = self._mean(sk, warm)
             if guess is None:
                 unknown += 1
             else:  # the first pending one is running: less what it has run
-                total += max(guess - (time.perf_counter() - self.since), 0.0) if i == 0 else guess
+                guess = max(guess - (time.perf_counter() - self.since), 0.0) if i == 0 else guess
+                total += guess if warm else guess / self.jobs  # warm-ups run one at a time
         return None if unknown and not total else total
 
     def _mean(self, shape_key: str, warm: bool):

@@ -91,6 +91,35 @@ def test_entry_before_the_communicator_exists_says_so(pkg, monkeypatch):
         entry(x, x.clone(), torch.ones(2880, dtype=torch.bfloat16), 1e-5)
 
 
+@pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
+def test_fakes_trace_without_a_communicator(pkg, monkeypatch):
+    """torch.compile traces a multi-rank entry with its fake, which needs no communicator: outputs of the
+    entry's shapes and dtypes, and a bad argument's error (the entry's own checks) at trace time."""
+    import importlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from amd_kernels.comm import communicator
+
+    monkeypatch.setattr(communicator, "_current", None)
+    mod = importlib.import_module(pkg.module)
+    hidden = int(next(s.dims["hidden"] for s in SHAPES if s.kernel == pkg.path))
+    with FakeTensorMode():
+        x = torch.empty(5, hidden, dtype=torch.bfloat16)
+        w = torch.empty(hidden, dtype=torch.bfloat16)
+        out = mod.allreduce(x)
+        assert (out.shape, out.dtype) == (x.shape, x.dtype)
+        out, res = mod.allreduce_fused_add_rmsnorm(x, x.clone(), w, 1e-5)
+        assert [(t.shape, t.dtype) for t in (out, res)] == [(x.shape, x.dtype)] * 2
+        q, scales, res = mod.allreduce_fused_add_rmsnorm_mxfp8(x, x.clone(), w, 1e-5)
+        assert [(t.shape, t.dtype) for t in (q, scales, res)] == [
+            (x.shape, torch.float8_e4m3fn), ((5, hidden // 32), torch.uint8), (x.shape, x.dtype)]
+        for entry in (mod.allreduce_fused_add_rmsnorm, mod.allreduce_fused_add_rmsnorm_mxfp8):
+            with pytest.raises(TypeError, match="^weight: "):
+                entry(x, x.clone(), w.float(), 1e-5)
+
+
 @pytest.mark.skipif(not devices.current().emulated, reason="the absent-rank hang report is the emulator's")
 @pytest.mark.parametrize("pkg", BAD_INPUT_PACKAGES, ids=lambda p: p.path)
 def test_bad_inputs_across_ranks(pkg):
@@ -107,6 +136,7 @@ def test_bad_inputs_across_ranks(pkg):
         assert too_many.startswith(f"ValueError: x: {edge + 1} tokens") \
             and f"registered buffer of {edge} tokens" in too_many, (rank, res)
         assert res["dtype"] and res["dtype"].startswith("TypeError: residual:"), (rank, res)
+        assert res["fake_dtype"] == res["dtype"], (rank, res)  # the fake runs the entry's checks
         uneven = res["uneven_tokens"] or ""
         assert uneven.startswith("ValueError: x:") and "rank 0" in uneven and "(3 tokens)" in uneven, (rank, res)
         rank_dtype = res["rank_dtype"] or ""  # rank 1 passed float32: every rank says so (none waits)

@@ -69,3 +69,35 @@ def test_progress_estimates_from_this_run_and_the_last(tmp_path):
     assert "1/3 cases" in bar.line()
     again = progress.Progress(shapes, stream=io.StringIO(), times_path=times)
     assert again.seconds_left() == pytest.approx(4.0 + 2.0 + 2.0 + 4.0 + 2.0, abs=0.5)  # last run, means
+    jobs = progress.Progress(shapes, stream=io.StringIO(), times_path=times, jobs=2)
+    assert jobs.seconds_left() == pytest.approx(4.0 + 4.0 + (2.0 + 2.0 + 2.0) / 2, abs=0.5)  # cases 2 at a time
+
+
+def _rows(text: str) -> list[str]:
+    """The result rows of a `harness run` output (cli.ROW, or cli.PARALLEL_ROW's case column and cli.ROW),
+    without the timing columns s and cpu s."""
+    starts, at = {}, 0
+    for name, width in cli.ROW:
+        starts[name] = at
+        at += width + 2
+    case_width = cli.PARALLEL_ROW[0][1] + 2
+    out = []
+    for line in text.splitlines():
+        row = line[case_width:] if " @ " in line[:case_width] else line
+        if not row[:1].isdigit() or " token counts" in row:
+            continue  # a header, an ISA card, a title, the count line
+        out.append(row[:starts["s"]].rstrip() + " | " + row[starts["cosine"]:].rstrip())
+    return out
+
+
+def test_jobs_run_the_same_cases_with_the_same_results(capsys):
+    """--jobs 2 runs the single-rank cases in worker processes: every case once, the same results as in
+    one process (this executes the quant kernels at 1 and 8 tokens)."""
+    argv = ["run", str(REGIMES_DIR / "gpt_oss_120b.toml"), "--only", "quant/", "--tokens", "1,8"]
+    assert cli.main(argv + ["--jobs", "1"]) == 0
+    serial = _rows(capsys.readouterr().out)
+    assert cli.main(argv + ["--jobs", "2"]) == 0
+    parallel = _rows(capsys.readouterr().out)
+    assert serial and sorted(serial) == sorted(parallel), (serial, parallel)
+    with pytest.raises(SystemExit, match="--jobs: expected a positive"):
+        cli.main(argv + ["--jobs", "0"])

@@ -79,7 +79,7 @@ def _check_across_ranks(comm, op: str, x: torch.Tensor) -> None:
 
 
 def _check_args(x: torch.Tensor, residual=None, weight=None) -> int:
-    """The tensor checks, shared by the entries and their fakes (host.custom_op). -> tokens."""
+    """The tensor checks of every entry. -> tokens."""
     host.check_tensor("x", x, dtype=torch.bfloat16, shape=(None, H))
     tokens = x.shape[0]
     if residual is not None:
@@ -88,12 +88,37 @@ def _check_args(x: torch.Tensor, residual=None, weight=None) -> int:
     return tokens
 
 
-def _stage(op: str, x: torch.Tensor, residual=None, weight=None):
-    """Check the arguments; put x in this rank's registered input buffer. -> (communicator, tokens)."""
+# Each entry's tensor checks and output allocation, shared with its fake (host.custom_op). The communicator's
+# own checks (device, registered buffer size, the cross-rank check) need its buffers: the entries add them.
+def outputs_allreduce(x):
+    _check_args(x)
+    return torch.empty_like(x)
+
+
+def outputs_fused(x, residual, weight, eps):
+    _check_args(x, residual, weight)
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def outputs_fused_mx(x, residual, weight, eps):
+    _check_args(x, residual, weight)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((x.shape[0], H // 32), dtype=torch.uint8, device=x.device)
+    return q, scales, torch.empty_like(x)
+
+
+def _communicator(op: str, x: torch.Tensor):
+    """This rank's communicator; with AMD_KERNELS_CHECK_RANKS=1 the cross-rank check runs first (before this
+    rank's own argument checks, so every rank raises on a mismatch)."""
     comm = communicator.current()
     if host.env_flag(CHECK_RANKS_ENV) and isinstance(x, torch.Tensor) and x.dim() >= 1:
         _check_across_ranks(comm, op, x)
-    tokens = _check_args(x, residual, weight)
+    return comm
+
+
+def _stage(comm, x: torch.Tensor) -> int:
+    """Put the checked x in this rank's registered input buffer. -> tokens."""
+    tokens = x.shape[0]
     if x.device != comm.device:
         raise ValueError(f"x: on device {x.device}, but the communicator's buffers are on {comm.device}")
     if tokens > comm.max_tokens:
@@ -102,7 +127,7 @@ def _stage(op: str, x: torch.Tensor, residual=None, weight=None):
     staged = comm.inputs[comm.rank]
     if tokens and x.data_ptr() != staged.data_ptr():
         staged[:tokens].copy_(x)
-    return comm, tokens
+    return tokens
 
 
 def _buffers(comm, tier_name: str):
@@ -118,28 +143,6 @@ def _grid(tier_name: str, tokens: int) -> tuple:
     return (kernel.grid_blocks(tokens),)
 
 
-def _mx_outputs(x):
-    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((x.shape[0], H // 32), dtype=torch.uint8, device=x.device)
-    return q, scales
-
-
-# The fakes run the same tensor checks as the entries (the communicator's own checks need its buffers).
-def _fake_allreduce(x):
-    _check_args(x)
-    return torch.empty_like(x)
-
-
-def _fake_fused(x, residual, weight, eps):
-    _check_args(x, residual, weight)
-    return torch.empty_like(x), torch.empty_like(x)
-
-
-def _fake_fused_mx(x, residual, weight, eps):
-    _check_args(x, residual, weight)
-    return (*_mx_outputs(x), torch.empty_like(x))
-
-
 def build(package: str) -> SimpleNamespace:
     """The VARIANTS table and the three entries of the package `package` (its `__name__`, which must export
     the returned VARIANTS)."""
@@ -147,8 +150,9 @@ def build(package: str) -> SimpleNamespace:
 
     @warm_up.entry(table, _modes("allreduce"), _mode_of)
     def _allreduce(x: torch.Tensor) -> torch.Tensor:
-        comm, tokens = _stage("allreduce", x)
-        out = torch.empty_like(x)
+        comm = _communicator("allreduce", x)
+        out = outputs_allreduce(x)
+        tokens = _stage(comm, x)
         if tokens:
             t = tier(tokens)
             table[f"allreduce.{t}"](*_buffers(comm, t), out, tokens, comm.rank, *_grid(t, tokens),
@@ -159,8 +163,9 @@ def build(package: str) -> SimpleNamespace:
     def _fused(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        comm, tokens = _stage("allreduce_fused_add_rmsnorm", x, residual, weight)
-        out, residual_out = torch.empty_like(x), torch.empty_like(x)
+        comm = _communicator("allreduce_fused_add_rmsnorm", x)
+        out, residual_out = outputs_fused(x, residual, weight, eps)
+        tokens = _stage(comm, x)
         if tokens:
             t = tier(tokens)
             table[f"allreduce_fused_add_rmsnorm.{t}"](
@@ -173,9 +178,9 @@ def build(package: str) -> SimpleNamespace:
     def _fused_mx(
         x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        comm, tokens = _stage("allreduce_fused_add_rmsnorm_mxfp8", x, residual, weight)
-        q, scales = _mx_outputs(x)
-        residual_out = torch.empty_like(x)
+        comm = _communicator("allreduce_fused_add_rmsnorm_mxfp8", x)
+        q, scales, residual_out = outputs_fused_mx(x, residual, weight, eps)
+        tokens = _stage(comm, x)
         if tokens:
             t = tier(tokens)
             table[f"allreduce_fused_add_rmsnorm_mxfp8.{t}"](
@@ -187,8 +192,8 @@ def build(package: str) -> SimpleNamespace:
     ns = f"amd_kernels::{host.shape_token(package)}_"
     return SimpleNamespace(
         VARIANTS=table,
-        allreduce=host.custom_op(ns + "allreduce", _allreduce, _fake_allreduce),
-        allreduce_fused_add_rmsnorm=host.custom_op(ns + "allreduce_fused_add_rmsnorm", _fused, _fake_fused),
+        allreduce=host.custom_op(ns + "allreduce", _allreduce, outputs_allreduce),
+        allreduce_fused_add_rmsnorm=host.custom_op(ns + "allreduce_fused_add_rmsnorm", _fused, outputs_fused),
         allreduce_fused_add_rmsnorm_mxfp8=host.custom_op(ns + "allreduce_fused_add_rmsnorm_mxfp8", _fused_mx,
-                                                         _fake_fused_mx),
+                                                         outputs_fused_mx),
     )
