@@ -63,7 +63,7 @@ def test_misses_compile_in_worker_processes_into_the_disk_cache(tmp_path, monkey
 
 def test_a_dead_compile_worker_is_replaced_and_its_work_done(tmp_path, monkeypatch):
     """A worker that dies (a native crash in the compiler was seen in CI) neither fails the warm-up nor stays
-    in the pool: its keys compile in the caller, and the pool is whole again for the next batch."""
+    in the pool: its keys compile in the caller with a warning that says so, and the pool is whole again."""
     import amd_kernels.norm.rmsnorm_h6144 as pkg
 
     monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path))
@@ -77,7 +77,8 @@ def test_a_dead_compile_worker_is_replaced_and_its_work_done(tmp_path, monkeypat
         for proc in pool._procs:
             proc.kill()
             proc.wait()
-        pool.compile(pkg.VARIANTS.module, ["rmsnorm.decode", "rmsnorm.prefill"], "test")
+        with pytest.warns(RuntimeWarning, match="compile worker.s. died"):
+            pool.compile(pkg.VARIANTS.module, ["rmsnorm.decode", "rmsnorm.prefill"], "test")
         assert sorted(in_caller) == ["rmsnorm.decode", "rmsnorm.prefill"]
         assert len(pool._procs) == 2 and all(p.poll() is None for p in pool._procs)
         with pytest.raises(RuntimeError, match="compile failed"):  # a real compile error still fails

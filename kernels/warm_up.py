@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -167,6 +168,11 @@ class _CompilePool:
             raise RuntimeError(f"{label}: compile failed: {errors[0]}")
         # Dead workers are replaced; what they (or, when all died, nobody) compiled is compiled here, so a
         # worker's crash costs time, never a failed warm-up (a compile error still fails, above).
+        dead = [p.returncode for p in self._procs if p.poll() is not None]
+        if dead:  # said, not hidden: a native crash in the compiler is a bug to report (FlyDSL's or ours)
+            warnings.warn(f"{label}: {len(dead)} compile worker(s) died (exit {', '.join(map(str, dead))}) "
+                          f"compiling {', '.join(lost) or 'nothing'}; compiling what they left in this process",
+                          RuntimeWarning, stacklevel=2)
         self._procs = [p if p.poll() is None else self._spawn() for p in self._procs]
         while not jobs.empty():
             lost.append(jobs.get_nowait())
