@@ -58,13 +58,13 @@ PREFILL_BOUND_TP8 = {0: {"output": 7.478e-04, "residual": 1.221e-05},
 SEQUENCES = len(layer_bound.PREFILL_PREFIXES)
 # CI runs all four chains: TP1 window and full layer (one test each, in-process), and TP8 with both layers in
 # one 8-rank run (test_prefill_chain_tp8, as test_layer_tp8's decode chain), so the ranks' start-up, warm-up and
-# MoE weight preparation (a third of a one-layer run's CPU) are paid once. CPU cost, user + system with the 8
-# rank processes (/usr/bin/time -v around one test at a time on the shared, loaded 2-core machine):
+# MoE weight preparation are paid once. CPU cost, user + system with the 8 rank processes (/usr/bin/time -v
+# around one test at a time on the shared, loaded 2-core machine):
 #   nice -n 19 ./env.sh python3 -m pytest -q -s -p no:cacheprovider "harness/test_layer_prefill.py::<test>"
-# test_prefill_chain[full] 141 s (before this file ran all four), [window_first_layer] 135 s (2.8 GB peak),
-# test_prefill_chain_tp8 604 s (577 user + 27 system; 13:52 wall at load 7-13; 2.4 GB peak in the test process,
-# ~0.55 GB per rank); as two one-layer 8-rank runs it was 414 s (full) + 391 s (window). So the four add 739 s
-# (12.3 CPU-minutes) to CI's former TP1-full-only 141 s.
+# test_prefill_chain[full] 141 s (before this file ran all four), [window_first_layer] 135 s (2.8 GB peak), both
+# in one process 259 s; test_prefill_chain_tp8 604 s (577 user + 27 system, 13:52 wall at load 7-13, 2.4 GB peak
+# in the test process), where two one-layer 8-rank runs took 414 s (full) + 391 s (window). So the four add at
+# most 739 s (12.3 CPU-minutes) to CI's former TP1-full-only 141 s.
 
 
 def _run():
