@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import os
 import tempfile
 import time
 
@@ -50,39 +49,22 @@ PREFILL_BOUND = {0: {"output": 9.085e-04, "residual": 1.206e-05},  # 1 - cosine
 #   ./env.sh python3 -m harness.layer_bound --prefill --seeds 3 --tp 8 --layer-idx 0
 # Its output (.cache/layer3/layer_bound_prefill_tp8_l0.txt): window (first layer) output mean 5.37e-4 std 4.8e-5
 # max 6.02e-4, residual mean 6.77e-6 std 1.22e-6 max 8.54e-6 (n 6; two steps swapped an expert, explained).
-# The full layer's is not derived yet (its test is skipped until it is).
+#   ./env.sh python3 -m harness.layer_bound --prefill --seeds 3 --tp 8 --layer-idx 1
+# Its output (.cache/l16/layer_bound_prefill_tp8_l1.txt): full output mean 1.66e-4 std 3.0e-5 max 2.18e-4,
+# residual mean 6.34e-7 std 6.17e-7 max 2.01e-6 (n 6; no expert swapped; the residual's max is seed 2 step 1,
+# the other five 3.0e-7 to 4.7e-7).
 PREFILL_BOUND_TP8 = {0: {"output": 7.478e-04, "residual": 1.221e-05},
-                     1: {"output": None, "residual": None}}
+                     1: {"output": 3.068e-04, "residual": 3.861e-06}}
 SEQUENCES = len(layer_bound.PREFILL_PREFIXES)
-# CI time (the emulated MoE dominates): CI runs the full layer at TP1 and the window (first) layer at TP8, so
-# each TP size and each layer kind runs a chunked-prefill step in CI (the decode chains run all four);
-# AMD_KERNELS_FULL=1 runs all four.
-FULL = os.environ.get("AMD_KERNELS_FULL", "") not in ("", "0")
-_CI = {1: 1, 8: 0}  # TP size -> the layer_idx CI runs
-# CI time budget: the TP8 window layer's prefill chain passed (1 passed in 10:45 on the loaded machine; 377 s user
-# + 20 s system CPU over its 9 processes, 2.3 GB peak in the test process), but with the TP1 full layer's 141 s
-# it passes the ~4 CI minutes this chain may add on 2 cores: opt-in (AMD_KERNELS_LAYER_TP8_PREFILL=1, or
-# AMD_KERNELS_FULL=1) until the lead moves it into CI.
-TP8_IN_CI = FULL or os.environ.get("AMD_KERNELS_LAYER_TP8_PREFILL", "") not in ("", "0")
-
-
-def _layer_params(tp: int) -> list:
-    table = PREFILL_BOUND if tp == 1 else PREFILL_BOUND_TP8
-    out = []
-    for li, name in ((0, "window_first_layer"), (1, "full")):
-        if table[li]["output"] is None:
-            skip = [pytest.mark.skip(reason=f"TP{tp}: this layer's prefill bound is not derived yet "
-                                            "(harness.layer_bound --prefill)")]
-        elif tp == 8 and not TP8_IN_CI:
-            skip = [pytest.mark.skip(reason="CI time budget: the TP8 prefill chain is opt-in; "
-                                            "AMD_KERNELS_LAYER_TP8_PREFILL=1 runs it")]
-        elif FULL or _CI[tp] == li:
-            skip = []
-        else:
-            skip = [pytest.mark.skip(reason=f"CI time: TP{tp} runs the {'full' if _CI[tp] else 'window'} layer's "
-                                            "prefill chain in CI; AMD_KERNELS_FULL=1 runs it")]
-        out.append(pytest.param(li, id=name, marks=skip))
-    return out
+# CI runs all four chains: TP1 window and full layer (one test each, in-process), and TP8 with both layers in
+# one 8-rank run (test_prefill_chain_tp8, as test_layer_tp8's decode chain), so the ranks' start-up, warm-up and
+# MoE weight preparation are paid once. CPU cost, user + system with the 8 rank processes (/usr/bin/time -v
+# around one test at a time on the shared, loaded 2-core machine):
+#   nice -n 19 ./env.sh python3 -m pytest -q -s -p no:cacheprovider "harness/test_layer_prefill.py::<test>"
+# test_prefill_chain[full] 141 s (before this file ran all four), [window_first_layer] 135 s (2.8 GB peak), both
+# in one process 259 s; test_prefill_chain_tp8 604 s (577 user + 27 system, 13:52 wall at load 7-13, 2.4 GB peak
+# in the test process), where two one-layer 8-rank runs took 414 s (full) + 391 s (window). So the four add at
+# most 739 s (12.3 CPU-minutes) to CI's former TP1-full-only 141 s.
 
 
 def _run():
@@ -122,7 +104,7 @@ def _whole_steps(steps) -> set:
     return out
 
 
-@pytest.mark.parametrize("layer_idx", _layer_params(1))
+@pytest.mark.parametrize("layer_idx", [pytest.param(0, id="window_first_layer"), pytest.param(1, id="full")])
 def test_prefill_chain(layer_idx):
     layer = chain.load_layer(REGIME, 1)
     dev = devices.current().torch_device
@@ -229,19 +211,19 @@ def _rows_of(d: dict, rows: list, real: int) -> dict:
     return {k: v[pick] for k, v in d.items() if not k.endswith("_cache") and v.dim() and v.shape[0] == real}
 
 
-@pytest.mark.parametrize("layer_idx", _layer_params(8))
-def test_prefill_chain_tp8(layer_idx):
-    """The TP8 chain on 8 emulated ranks over the chunked-prefill run, one layer: per step the checks of
-    harness/test_layer_tp8.py's decode chain, on the sampled rows after the KV write."""
+def test_prefill_chain_tp8():
+    """The TP8 chain on 8 emulated ranks over the chunked-prefill run, the window (first) and the full layer in
+    one run of the ranks: per step the checks of harness/test_layer_tp8.py's decode chain, on the sampled rows
+    after the KV write."""
     from harness import layer_ranks
     from harness.test_layer_tp8 import _gather_tp8, _tp8_own_inputs, _u8, TP8_REPLICATED
 
     layer1, layer8 = chain.load_layer(REGIME, 1), chain.load_layer(REGIME, 8)
-    bounds_of = {layer_idx: _bounds(PREFILL_BOUND_TP8, layer_idx)}
+    layers = [0, 1]
+    bounds_of = {li: _bounds(PREFILL_BOUND_TP8, li) for li in layers}
     weights = ref_layer.build_layer_weights(_weights_seed())
     run = _run()
     step_seed = layer_bound.run_seeds(0)[1]
-    layers = [layer_idx]
     reals = run["reals"]
     sampled = [layer_bound.sampled_rows(run, s) for s in range(len(reals))]
     inputs = {}  # layer_idx -> per step: (ranks' in.hidden, TP1 in.hidden, residual), all rows of the step
