@@ -178,3 +178,33 @@ def test_routed_moe_runs_on_the_plain_moes_lazy_checkpoint_and_prepared_weights(
     moe_in, routed_in = pkg.entry_inputs("moe", plain), pkg.entry_inputs("routed", routed)
     for name in WEIGHTS:
         assert routed_in[name] is moe_in[name], name
+
+
+def test_released_caches_take_what_a_caught_error_kept():
+    """A test that catches an error keeps the tensors of the frames the error passed through in a reference
+    cycle (frame -> ExceptionInfo -> traceback -> frame); releasing the caches between shapes frees them."""
+    import gc
+    import weakref
+
+    import torch
+
+    def entry(weights):
+        raise ValueError("w13: not prepared")
+
+    def a_test():
+        weights = torch.ones(1 << 20)
+        with pytest.raises(ValueError) as err:
+            entry(weights)
+        assert "w13" in str(err.value)
+        return weakref.ref(weights)
+
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection in between: the cycle must be what keeps it
+    try:
+        kept = a_test()
+        assert kept() is not None  # the cycle holds it after the test returned
+        memory.release_caches()
+        assert kept() is None
+    finally:
+        if enabled:
+            gc.enable()
