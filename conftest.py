@@ -57,11 +57,16 @@ def pytest_runtest_call(item):
 
 
 def _shares_inputs(item, nextitem) -> bool:
-    """Does the next test take the same op shape (test_kernels' `shape` parameter), hence the same cached
-    weights? Then they stay for it."""
+    """Does the next test take the same op shape (test_kernels' `shape` parameter), or another op of the same
+    package at the same dims (a MoE package's `moe` and `routed`: one cached checkpoint, one set of prepared
+    weights)? Then the cached inputs stay for it."""
     shape = getattr(getattr(item, "callspec", None), "params", {}).get("shape")
     other = getattr(getattr(nextitem, "callspec", None), "params", {}).get("shape")
-    return shape is not None and shape is other
+    if shape is None or other is None:
+        return False
+    same_package_dims = (getattr(shape, "kernel", None), getattr(shape, "dims_json", None)) == (
+        getattr(other, "kernel", 0), getattr(other, "dims_json", 0))
+    return shape is other or same_package_dims
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,10 +1,14 @@
 """The test process's memory: its peak resident set per test, and releasing the references' cached inputs.
 
 The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's checkpoint is regenerated
-expert by expert where it is used (references.moe.LazyExperts), so a TP1 MoE case holds only its prepared
-weights (1.7 GB, kept for the shape's next case: preparing costs ~20 s) and peaks at ~3.3 GiB. conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this
-process only: xdist workers and a plain run alike) passes the limit, and releases the caches between tests
-that do not share their inputs. The decoder layer's weights (references.layer.build_layer_weights) hold the same
+expert by expert where it is used (references.moe.LazyExperts; the routed MoE's builder holds the same lazy
+tensors), so a TP1 MoE case holds only its prepared weights (1.7 GB, kept for the package's next case, `moe`
+or `routed`: preparing costs ~20 s) and peaks at ~3.1-4.1 GiB in a process that ran other tests before.
+conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this process only: xdist
+workers and a plain run alike) passes the limit, and releases the caches (and collects reference cycles)
+between tests that do not share their inputs. A test's peak includes what earlier tests left resident in the
+process (compiled kernels, the emulator's translations, attention workspaces: ~1-1.5 GiB late in a suite
+worker), which is why the limit stays above the 4 GiB goal. The decoder layer's weights (references.layer.build_layer_weights) hold the same
 lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the decode
 chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
 
@@ -16,13 +20,16 @@ process's peak since its last reset, so for a test process only the last test's.
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import os
 import pkgutil
 
 LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
 PEAK_LOG_ENV = "AMD_KERNELS_TEST_PEAK_LOG"  # a file path: each test that ran appends "nodeid pid peak_kib"
-DEFAULT_LIMIT_MIB = 7168  # the goal is 4096 (README)
+# The goal is 4096 (README). 5120: the top tests of a whole-suite run measured in one process peak at <= 4.1 GiB
+# (TP1 MoE cases: 1.7 GB of prepared weights + the emulated run, on top of what earlier tests left).
+DEFAULT_LIMIT_MIB = 5120
 
 
 def limit_mib() -> int:
@@ -94,10 +101,16 @@ def return_freed_memory() -> None:
 
 def release_caches() -> bool:
     """Drop the references' cached inputs (the MoE packages' prepared weights go with their checkpoint, by
-    reference counting) and hand freed heap pages back to the system. True if anything was cached."""
+    reference counting), collect reference cycles, and hand freed heap pages back to the system. True if
+    anything was cached.
+
+    The collection matters: a test that catches an error (pytest.raises) keeps it in a cycle (its frame holds
+    the ExceptionInfo, whose traceback holds the frame), and with it every tensor of the frames it passed
+    through; a TP1 MoE test's 1.7 GB of prepared weights stayed resident so into the next shape's tests."""
     held = [fn for fn in cached_functions() if fn.cache_info().currsize]
     for fn in held:
         fn.cache_clear()
+    gc.collect()
     trim()
     return bool(held)
 

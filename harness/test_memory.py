@@ -159,3 +159,52 @@ def test_layer_checkpoint_is_lazy_and_its_shards_plain():
         assert torch.equal(shard["w2_blocks"][e], w["w2_blocks"][e][:, start // 2:end // 2])
         assert torch.equal(shard["w2_scales"][e], w["w2_scales"][e][:, start // 32:end // 32])
     assert torch.equal(shard["w13_bias"], w["w13_bias"][:, 2 * start:2 * end])
+
+
+def test_routed_moe_runs_on_the_plain_moes_lazy_checkpoint_and_prepared_weights():
+    """The routed MoE's builder (moe_routed_mxfp4_gptoss) holds the plain MoE builder's lazy checkpoint, the same
+    tensor objects (not a second, eager ~1.7 GB copy beside it), so a package's `moe` and `routed` entries run on
+    one set of prepared weights (prepared once)."""
+    import references.moe as M
+    from amd_kernels.moe.mxfp4_moe_entries import WEIGHTS
+    from harness import discovery
+
+    dims = {"hidden": 2880, "intermediate": 2880, "experts": 128, "top_k": 4, "tp_size": 8, "tp_rank": 7}
+    plain = M.build_moe_inputs(2, dims, 1, activation="gptoss")
+    routed = M.build_routed_moe_inputs(2, dims, 2)
+    for name in ("w13_blocks", "w13_scales", "w2_blocks", "w2_scales"):
+        assert isinstance(routed[name], M.LazyExperts) and routed[name] is plain[name], name
+    pkg = discovery.discover()["moe/mxfp4_h2880_i384_e128_top4"]
+    moe_in, routed_in = pkg.entry_inputs("moe", plain), pkg.entry_inputs("routed", routed)
+    for name in WEIGHTS:
+        assert routed_in[name] is moe_in[name], name
+
+
+def test_released_caches_take_what_a_caught_error_kept():
+    """A test that catches an error keeps the tensors of the frames the error passed through in a reference
+    cycle (frame -> ExceptionInfo -> traceback -> frame); releasing the caches between shapes frees them."""
+    import gc
+    import weakref
+
+    import torch
+
+    def entry(weights):
+        raise ValueError("w13: not prepared")
+
+    def a_test():
+        weights = torch.ones(1 << 20)
+        with pytest.raises(ValueError) as err:
+            entry(weights)
+        assert "w13" in str(err.value)
+        return weakref.ref(weights)
+
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection in between: the cycle must be what keeps it
+    try:
+        kept = a_test()
+        assert kept() is not None  # the cycle holds it after the test returned
+        memory.release_caches()
+        assert kept() is None
+    finally:
+        if enabled:
+            gc.enable()

@@ -161,6 +161,20 @@ def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """bf16 values -> float8_e4m3fn codes of x / scale (fp32 division, RNE, saturating to +-448)."""
+    if x.dim() == 0 or x.numel() <= _QUANTIZE_CHUNK:
+        return _quantize_fp8(x, scale)
+    # elementwise, so chunks of rows give the same bytes: ~4x a chunk of fp32 temporaries, not ~4x x (a KV cache)
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    step = max(1, _QUANTIZE_CHUNK // max(1, x[0].numel()))
+    for i in range(0, x.shape[0], step):
+        out[i:i + step] = _quantize_fp8(x[i:i + step], scale)
+    return out
+
+
+_QUANTIZE_CHUNK = 1 << 24  # elements
+
+
+def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     y = x.float() / scale.float().reshape(())
     y = torch.where(torch.isnan(y), y, y.clamp(-FP8_MAX, FP8_MAX))
     return y.to(torch.float8_e4m3fn)

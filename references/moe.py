@@ -448,10 +448,12 @@ def build_route_inputs(tokens: int, dims: dict, seed: int) -> dict:
 
 def build_routed_moe_inputs(tokens: int, dims: dict, seed: int) -> dict:
     """moe_routed_mxfp4_gptoss's inputs: the router's (build_route_inputs: x, router weight and bias, top_k)
-    and the gpt-oss expert weights and TP rank of build_moe_inputs (the same cached checkpoint)."""
+    and the gpt-oss expert weights and TP rank of build_moe_inputs: the same cached lazy checkpoint (the same
+    tensor objects, so a package's `moe` and `routed` entries share one set of prepared weights)."""
     hidden, inter, experts, _ = _dims(dims)
     inputs = build_route_inputs(tokens, dims, seed)
-    inputs.update(_weights(hidden, inter, experts, True, 1000 + hidden + inter + experts))
+    build = _weights if _faking() else _lazy_weights  # lazy: regenerated expert by expert where used
+    inputs.update(build(hidden, inter, experts, True, 1000 + hidden + inter + experts))
     inputs["tp_size"] = int(dims.get("tp_size", 1))
     inputs["tp_rank"] = int(dims.get("tp_rank", 0))
     return inputs
