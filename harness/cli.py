@@ -8,8 +8,8 @@
       (benchmarks/costmodel.py; multi-rank ops: each rank projects its own launches; the range over ranks is
       shown, its low end the rank that waited least for its peers, i.e. ranks arriving together). On the
       emulator the counts CI checks (kernel.toml [emulator] sets), --all every count. Results on stdout;
-      a progress bar and the time left on stderr. Single-rank cases run in N worker processes (default: one
-      per core), multi-rank ops after them.
+      a progress bar and the time left on stderr. Single-rank cases run in N worker processes (default on
+      the emulator: one per core, memory permitting; on a GPU 1), multi-rank ops after them.
   python -m harness run regimes/<model>.toml --layer [--tp 1] [--tokens 1,8,64,256]
       the regime's decoder layer ([[layer]]): each step's entry, its warm-up time, and at each decode token
       count the kernels it launches, the cost model's projected us and the floor, per step and in total
@@ -114,6 +114,8 @@ def cmd_run(args) -> int:
                   f"{len(shape.token_counts)} counts: {' '.join(str(c.tokens) for c in counts)}")
         print(f"{sum(len(c) for *_, c in work)} cases")
         return 0
+    if args.jobs is None:
+        args.jobs = default_jobs(emulated)
     if args.jobs < 1:
         raise SystemExit(f"--jobs: expected a positive number of worker processes, got {args.jobs}")
     n_cases = 0 if args.no_exec else sum(len(c) for *_, c in work)
@@ -179,6 +181,21 @@ def cmd_run(args) -> int:
             failed |= _run_multirank(pkg, shape, counts, bar)
     bar.finish()
     return 1 if failed else 0
+
+
+JOB_MEMORY_GIB = 6  # what one emulator worker may hold (a TP1 MoE case: prepared weights, inputs, three runs)
+
+
+def default_jobs(emulated: bool) -> int:
+    """On the emulator one worker per core, as many as the machine's memory holds; on a GPU one process (the
+    cases share the device, and a case times its own launches)."""
+    if not emulated:
+        return 1
+    try:
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        mem_gib = JOB_MEMORY_GIB
+    return max(1, min(os.cpu_count() or 1, int(mem_gib // JOB_MEMORY_GIB)))
 
 
 def run_case(path: str, op: str, dims: dict, shape_id: str, tokens: int, real: int) -> tuple[list, bool, float]:
@@ -409,9 +426,10 @@ def main(argv=None) -> int:
     run.add_argument("--plan", action="store_true", help="list the op shapes and token counts it would check, "
                                                          "then stop")
     run.add_argument("--no-exec", action="store_true", help="compile and print ISA cards only")
-    run.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                     help="worker processes for the single-rank cases (default: one per core; 1: in this process, "
-                          "rows under their shape)")
+    run.add_argument("--jobs", type=int, default=None,
+                     help="worker processes for the single-rank cases (default on the emulator: one per core, "
+                          f"at most one per {JOB_MEMORY_GIB} GiB of memory; on a GPU 1; 1: in this process, rows "
+                          "under their shape)")
     run.add_argument("--layer", action="store_true",
                      help="the regime's decoder layer: each step's entry, warm-up, launches, projected us and floor "
                           "per token count")

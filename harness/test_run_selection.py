@@ -5,6 +5,7 @@ TOML), with --all every regime count, on a GPU every count."""
 from __future__ import annotations
 
 import io
+import os
 import tomllib
 
 import pytest
@@ -101,3 +102,5 @@ def test_jobs_run_the_same_cases_with_the_same_results(capsys):
     assert serial and sorted(serial) == sorted(parallel), (serial, parallel)
     with pytest.raises(SystemExit, match="--jobs: expected a positive"):
         cli.main(argv + ["--jobs", "0"])
+    assert cli.default_jobs(emulated=False) == 1  # a GPU's cases share the device
+    assert 1 <= cli.default_jobs(emulated=True) <= (os.cpu_count() or 1)
