@@ -210,9 +210,7 @@ def run_case(path: str, op: str, dims: dict, shape_id: str, tokens: int, real: i
     try:
         res = checks.check_case(pkg, entry, op, dims, tokens, real, checks.seed_of(shape_id, tokens, real))
     except Exception as e:  # e.g. a SanitizerReport: this row fails, the run goes on
-        return ([tokens, real, "-", "-", "-", "-", "-", "-", "-",
-                 f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"], True,
-                time.perf_counter() - start)
+        return _failed_cells(tokens, real, e), True, time.perf_counter() - start
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     bad = res.failures(OPS[op].cosine_min)
     return ([tokens, real, "yes" if res.deterministic else "NO", "yes" if res.padding_harmless else "NO",
@@ -221,8 +219,9 @@ def run_case(path: str, op: str, dims: dict, shape_id: str, tokens: int, real: i
              "ok" if not bad else "; ".join(bad)], bool(bad), seconds)
 
 
-def _worker_setup() -> None:
-    _setup()
+def _failed_cells(tokens: int, real: int, e: Exception) -> list:
+    return [tokens, real, "-", "-", "-", "-", "-", "-", "-",
+            f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"]
 
 
 class _CasePool:
@@ -235,7 +234,7 @@ class _CasePool:
 
         self.bar = bar
         self.executor = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_worker_setup)
+                                            initializer=_setup)
         self.futures = []  # (future, shape, count), in submission order
         self.header = False
 
@@ -249,8 +248,7 @@ class _CasePool:
         try:
             cells, bad, seconds = fut.result()
         except Exception as e:  # the worker died (e.g. out of memory): this row fails, the run goes on
-            cells, bad, seconds = [c.tokens, c.real, "-", "-", "-", "-", "-", "-", "-",
-                                   f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}"], True, 0.0
+            cells, bad, seconds = _failed_cells(c.tokens, c.real, e), True, 0.0
         if not self.header:
             _print_header(self.bar.out, PARALLEL_ROW)
             self.header = True
@@ -259,8 +257,10 @@ class _CasePool:
         return bad
 
     def print_finished(self) -> bool:
-        done = [f for f in self.futures if f[0].done()]
-        self.futures = [f for f in self.futures if not f[0].done()]
+        done, running = [], []
+        for f in self.futures:  # one look at each future: one finishing meanwhile is printed next time
+            (done if f[0].done() else running).append(f)
+        self.futures = running
         return any([self._print(f) for f in done])
 
     def finish(self) -> bool:
