@@ -48,6 +48,7 @@ def pytest_runtest_setup(item):
 
     # Without a reset (not allowed here) VmHWM is the process's peak: only the test that crosses fails.
     item._amd_kernels_peak_start = 0 if memory.reset_peak() else memory.status_kib("VmHWM")
+    item._amd_kernels_clock = memory.clock()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -80,7 +81,7 @@ def pytest_runtest_teardown(item, nextitem):
     else:
         memory.trim()
     if getattr(item, "_amd_kernels_ran", False):
-        memory.log_peak(item.nodeid, peak)
+        memory.log_peak(item.nodeid, peak, getattr(item, "_amd_kernels_clock", None))
     limit = memory.limit_mib()
     # Only a test that ran: a skipped one allocated nothing, and its "peak" is what earlier tests left resident
     # (the shape's cached weights, kept for the next test of the shape), which their own checks counted.

@@ -13,8 +13,9 @@ worker), which is why the limit stays above the 4 GiB goal. The decoder layer's 
 lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the decode
 chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
 
-AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB>" per test that ran: the
-per-test peaks of a whole run. `/usr/bin/time -v` cannot give them: its "Maximum resident set size" is each
+AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB> <wall s> <CPU s>" per
+test that ran (setup to teardown; the CPU of this process and of the child processes it waited for, e.g. the
+8 ranks of a multi-rank test): the per-test peaks and costs of a whole run. `/usr/bin/time -v` cannot give them: its "Maximum resident set size" is each
 process's peak since its last reset, so for a test process only the last test's.
 """
 
@@ -25,9 +26,11 @@ import gc
 import importlib
 import os
 import pkgutil
+import resource
+import time
 
 LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
-PEAK_LOG_ENV = "AMD_KERNELS_TEST_PEAK_LOG"  # a file path: each test that ran appends "nodeid pid peak_kib"
+PEAK_LOG_ENV = "AMD_KERNELS_TEST_PEAK_LOG"  # a file path: each test that ran appends a line (log_peak)
 # The goal is 4096 (README). 7168: in a whole-suite run (two xdist workers) the largest peak is 5.08 GiB (ci10,
 # the TP1 MoE at 64 tokens: 1.7 GB of prepared weights and the emulated run on top of what earlier tests of the
 # worker left), and which tests share a worker varies by run: 5120 failed that test once.
@@ -48,13 +51,24 @@ def limit_mib() -> int:
     return value
 
 
-def log_peak(nodeid: str, peak_kib: int) -> None:
+def clock() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process and of its waited-for children) now."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def log_peak(nodeid: str, peak_kib: int, since: tuple[float, float] | None = None) -> None:
     """Append a test's peak to the file AMD_KERNELS_TEST_PEAK_LOG names (unset: nothing), one line per test:
-    "<nodeid> <pid> <peak KiB>" (xdist workers append to the same file; a line is one write)."""
+    "<nodeid> <pid> <peak KiB> <wall s> <CPU s>", the seconds since `since` (clock() at the test's setup; "-"
+    without it). xdist workers append to the same file; a line is one write."""
     path = os.environ.get(PEAK_LOG_ENV, "")
     if path:
+        cost = "- -"
+        if since is not None:
+            wall, cpu = clock()
+            cost = f"{wall - since[0]:.2f} {cpu - since[1]:.2f}"
         with open(path, "a") as f:
-            f.write(f"{nodeid} {os.getpid()} {peak_kib}\n")
+            f.write(f"{nodeid} {os.getpid()} {peak_kib} {cost}\n")
 
 
 def status_kib(field: str) -> int:

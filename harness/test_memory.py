@@ -68,8 +68,8 @@ def test_a_test_above_the_limit_fails():
 
 
 def test_peak_log(tmp_path):
-    """AMD_KERNELS_TEST_PEAK_LOG: one line per test that ran, its id, pid and peak (KiB), the holder's above
-    the RSS it held."""
+    """AMD_KERNELS_TEST_PEAK_LOG: one line per test that ran, its id, pid, peak (KiB), wall and CPU seconds;
+    the holder's peak above the RSS it held."""
     log = tmp_path / "peaks.txt"
     run = _run(-64, peak_log=str(log))
     assert "2 passed in" in run.stdout, run.stdout + run.stderr
@@ -77,6 +77,7 @@ def test_peak_log(tmp_path):
     lines = [line.split() for line in log.read_text().splitlines()]
     assert [line[0].split("::")[1] for line in lines] == ["test_holds_memory", "test_after_it"], lines
     assert lines[0][1] == lines[1][1] and int(lines[0][2]) >= (held_mib - 8) * 1024, (held_mib, lines)
+    assert all(len(line) == 5 and float(line[3]) >= 0 and float(line[4]) >= 0 for line in lines), lines
 
 
 def test_a_bad_limit_is_named(monkeypatch):
