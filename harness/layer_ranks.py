@@ -36,6 +36,22 @@ def save_shard(shard_dir: str, rank: int, shard: dict) -> None:
     torch.save(shard, os.path.join(shard_dir, f"rank{rank}.pt"))
 
 
+def save_shards(shard_dir: str, weights: dict, run_: dict, inputs: dict, layers: list) -> None:
+    """Every rank's save_shard from the TP1 layer `weights` (their lazy experts drawn once for the 8 shards),
+    the run's whole caches (references.layer.build_*_run) and `inputs` {layer_idx: [(ranks' hidden parts,
+    TP1 hidden, residual) per step]}. The caller then drops its own `weights` and calls
+    references.layer.release_weights() before `run`, so the ranks start with the layer's weights freed."""
+    from references import layer as ref_layer
+
+    drawn = ref_layer.drawn_experts(weights)
+    for r in range(WORLD):
+        save_shard(shard_dir, r, {
+            "weights": ref_layer.shard_layer_weights(drawn, r),
+            "key_cache": ref_layer.shard_cache(run_["key_cache"], r),
+            "value_cache": ref_layer.shard_cache(run_["value_cache"], r),
+            "inputs": {li: [(p[r], res) for p, _, res in inputs[li]] for li in layers}})
+
+
 def run(config: dict, shard_dir: str, timeout: float = 1800.0) -> list:
     """config: {"layers": [layer_idx, ...], "real": int, "batches": [step metadata], "seed": int}, or for steps
     of different sizes (chunked prefill) "reals": real rows per step in place of "real", and "rows": per step

@@ -158,35 +158,7 @@ def test_decode_chain(layer_idx):
         steps = layer.first_steps if layer_idx == 0 else layer.steps
         print(f"\nlayer {layer_idx} (window {chain.layer_constants(layer, layer_idx)['sliding_window']}) "
               f"decode step {s}: {real} real rows of {LAYER_TOKENS}, contexts {[c + s for c in LAYER_CONTEXTS]}")
-        for st in steps:
-            for o in st.outputs:
-                key = f"{st.name}.{o}"
-                a, b = envs[0][key].detach().cpu()[:real], envs[1][key].detach().cpu()[:real]
-                same = checks.same_rows(a, b, torch.ones(real, dtype=torch.bool))
-                if not same:
-                    failures.append(f"step {s} {key}: two kernel chains differ")
-            got = _step_floats(st, envs[0], real, "")
-            local = _step_floats(st, envs[0], None, "local:")
-            want = _step_floats(st, ref_env, None, "")
-            op = OPS[chain.discovery.discover()[st.kernel].entries[st.entry]]
-            for name in got:
-                lc, cc = cosine(got[name], local[name]), cosine(got[name], want[name])
-                print(f"  {st.name:10s} {name:14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}"
-                      f"  ({seconds[st.name]:.1f} s)")
-                if not lc >= op.cosine_min:
-                    failures.append(f"step {s} {st.name}.{name}: cosine {lc:.7f} on its own inputs < {op.cosine_min}")
-            for m in op.mutates:  # the cache slots this step wrote, against the reference's writes
-                name = {"key_cache": "key", "value_cache": "value"}[m]
-                live = batch["slot_mapping"][:real]
-                g = _slots(caches[0][name].cpu(), live)
-                lc = cosine(g, _slots(envs[0][f"local:{st.name}.{m}"], live))
-                cc = cosine(g, _slots(ref_cache[name], live))
-                print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}")
-                if not lc >= op.cosine_min:
-                    failures.append(f"step {s} cache.{name}: written slots cosine {lc:.7f} < {op.cosine_min}")
-        for name in ("key", "value"):
-            if not torch.equal(caches[0][name].cpu().view(torch.uint8), caches[1][name].cpu().view(torch.uint8)):
-                failures.append(f"step {s} cache.{name}: two kernel chains differ")
+        failures += _check_steps(steps, envs, ref_env, caches, ref_cache, batch, real, s, seconds)
         # the next layer's residual add (+ RMSNorm to MXFP8) on this layer's outputs, in both chains
         nxt = layer.steps[0]
         next_op = OPS[chain.discovery.discover()[nxt.kernel].entries[nxt.entry]]
@@ -202,21 +174,7 @@ def test_decode_chain(layer_idx):
             print(f"  {'next norm':10s} {name:14s} own-inputs {lc:.7f} (>= {next_op.cosine_min})  chain {cc:.7f}")
             if not lc >= next_op.cosine_min:
                 failures.append(f"step {s} next layer's {nxt.name}.{name}: cosine {lc:.7f} on its own inputs")
-        drift = layer_bound.chain_drift(layer, envs[0], ref_env, real)
-        flips = layer_bound.unexplained_flips(envs[0]["mlp_norm.out"].cpu()[:real], ref_env["mlp_norm.out"],
-                                              envs[0]["router.topk_ids"].cpu()[:real], ref_env["router.topk_ids"],
-                                              weights["router_weight"], weights["router_bias"])
-        agree, bounds = drift["agree"], LAYER_BOUND[layer_idx]
-        print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {real} rows with the "
-              f"reference chain's experts (>= {1 - bounds['output']:.7f}), residual {1 - drift['residual']:.7f} "
-              f"(>= {1 - bounds['residual']:.7f})")
-        failures += [f"step {s}: {f}" for f in flips]
-        if not agree.any():
-            failures.append(f"step {s}: no row kept the reference chain's experts")
-        elif not drift["output"] <= bounds["output"]:
-            failures.append(f"step {s}: layer output 1 - cosine {drift['output']:.3e} > {bounds['output']:.3e}")
-        if not drift["residual"] <= bounds["residual"]:
-            failures.append(f"step {s}: residual 1 - cosine {drift['residual']:.3e} > {bounds['residual']:.3e}")
+        failures += _check_drift(layer, envs[0], ref_env, weights, LAYER_BOUND[layer_idx], f"step {s}", real=real)
     print("warm-up s: " + ", ".join(f"{k} {v:.2f}" for k, v in warm.items()))
     assert failures == []
 
@@ -230,6 +188,72 @@ def _timed(seconds: dict, step):
 
 def _slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache.view(-1, ref_layer.KV_HEADS, ref_layer.HEAD_DIM)[slots].float()
+
+
+def _check_drift(layer, got: dict, ref_env: dict, weights: dict, bounds: dict, where: str, real: int | None = None,
+                 rows: list | None = None) -> list:
+    """The layer output (on the rows that kept the reference chain's experts) and the residual within the
+    derived bounds, every expert swap explained; over `rows` when given (a prefill chain's sampled rows), else
+    the first `real` (None: all)."""
+    sel = slice(None, real) if rows is None else torch.tensor(rows, dtype=torch.long)
+    drift = layer_bound.chain_drift(layer, got, ref_env, real=real, rows=rows)
+    got_rows, ref_rows = ({k: e[k].detach().cpu()[sel] for k in ("mlp_norm.out", "router.topk_ids")}
+                          for e in (got, ref_env))
+    flips = layer_bound.unexplained_flips(got_rows["mlp_norm.out"], ref_rows["mlp_norm.out"],
+                                          got_rows["router.topk_ids"], ref_rows["router.topk_ids"],
+                                          weights["router_weight"], weights["router_bias"])
+    agree = drift["agree"]
+    print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {agree.numel()}"
+          f"{' sampled' if rows is not None else ''} rows with the reference chain's experts "
+          f"(>= {1 - bounds['output']:.7f}), residual {1 - drift['residual']:.7f} (>= {1 - bounds['residual']:.7f})")
+    failures = [f"{where}: {f}" for f in flips]
+    if not agree.any():
+        failures.append(f"{where}: no row kept the reference chain's experts")
+    elif not drift["output"] <= bounds["output"]:
+        failures.append(f"{where}: layer output 1 - cosine {drift['output']:.3e} > {bounds['output']:.3e}")
+    if not drift["residual"] <= bounds["residual"]:
+        failures.append(f"{where}: residual 1 - cosine {drift['residual']:.3e} > {bounds['residual']:.3e}")
+    return failures
+
+
+def _check_steps(steps, envs, ref_env, caches, ref_cache, batch, real: int, s: int, seconds: dict,
+                 pick=None, whole=()) -> list:
+    """One chain step s of a layer: each op's outputs bitwise equal in the two kernel chains, their cosine on the
+    op's own inputs (>= the op's bound) and along the chain (printed), the cache slots the rope step wrote, and
+    the two chains' caches bitwise equal. pick: the sampled rows (chunked prefill) of the ops not in `whole`;
+    None: every real row."""
+    failures = []
+    for st in steps:
+        sampled = pick is not None and st.name not in whole
+        sel, n = (pick, len(pick)) if sampled else (slice(None, real), real)
+        for o in st.outputs:
+            key = f"{st.name}.{o}"
+            a, b = envs[0][key].detach().cpu()[sel], envs[1][key].detach().cpu()[sel]
+            if not checks.same_rows(a, b, torch.ones(n, dtype=torch.bool)):
+                failures.append(f"step {s} {key}: two kernel chains differ")
+        got = {k: v[sel] for k, v in _step_floats(st, envs[0], real, "").items()}
+        local = {k: v[sel] for k, v in _step_floats(st, envs[0], None, "local:").items()}
+        want = {k: v[sel] for k, v in _step_floats(st, ref_env, None, "").items()}
+        op = OPS[chain.discovery.discover()[st.kernel].entries[st.entry]]
+        for name in got:
+            lc, cc = cosine(got[name], local[name]), cosine(got[name], want[name])
+            print(f"  {st.name:10s} {name:14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}"
+                  f"  ({'sampled' if sampled else 'all'} rows, {seconds[st.name]:.1f} s)")
+            if not lc >= op.cosine_min:
+                failures.append(f"step {s} {st.name}.{name}: cosine {lc:.7f} on its own inputs < {op.cosine_min}")
+        for m in op.mutates:  # the cache slots this step wrote, against the reference's writes
+            name = {"key_cache": "key", "value_cache": "value"}[m]
+            live = batch["slot_mapping"][:real]
+            g = _slots(caches[0][name].cpu(), live)
+            lc = cosine(g, _slots(envs[0][f"local:{st.name}.{m}"], live))
+            cc = cosine(g, _slots(ref_cache[name], live))
+            print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}")
+            if not lc >= op.cosine_min:
+                failures.append(f"step {s} cache.{name}: written slots cosine {lc:.7f} < {op.cosine_min}")
+    for name in ("key", "value"):
+        if not torch.equal(caches[0][name].cpu().view(torch.uint8), caches[1][name].cpu().view(torch.uint8)):
+            failures.append(f"step {s} cache.{name}: two kernel chains differ")
+    return failures
 
 
 def _step_floats(st, env: dict, real: int | None, prefix: str) -> dict:

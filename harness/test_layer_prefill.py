@@ -23,8 +23,6 @@ bitwise equal and the second chain sanitized (harness/layer_ranks.py).
 from __future__ import annotations
 
 import functools
-import gc
-import tempfile
 import time
 
 import pytest
@@ -33,8 +31,8 @@ import torch
 from amd_kernels import compile_watch
 from harness import chain, checks, layer_bound
 from harness import device as devices
-from harness.test_layer import REGIME, _slots, _step_floats, _timed, _to_dev, _weights_seed
-from references import OPS, cosine, moe
+from harness.test_layer import REGIME, _check_drift, _check_steps, _slots, _step_floats, _timed, _to_dev, _weights_seed
+from references import cosine
 from references import layer as ref_layer
 
 # Derived as harness/test_layer.py's LAYER_BOUND (max + 3 std of 1 - cosine over seeds x steps), on this run
@@ -147,62 +145,12 @@ def test_prefill_chain(layer_idx):
               f"chunked-prefill step {s}: {real} real rows of {batch['positions'].shape[0]}, q_lens "
               f"{[q[s] for q in layer_bound.PREFILL_Q_LENS]}, seq_lens {batch['seq_lens'][:SEQUENCES].tolist()}; "
               f"rows {rows} sampled")
-        for st in steps:
-            sel = slice(None, real) if st.name in whole else pick
-            n = real if st.name in whole else len(rows)
-            for o in st.outputs:
-                key = f"{st.name}.{o}"
-                a, b = envs[0][key].detach().cpu()[sel], envs[1][key].detach().cpu()[sel]
-                if not checks.same_rows(a, b, torch.ones(n, dtype=torch.bool)):
-                    failures.append(f"step {s} {key}: two kernel chains differ")
-            got = {k: v[sel] for k, v in _step_floats(st, envs[0], real, "").items()}
-            local = {k: v[sel] for k, v in _step_floats(st, envs[0], None, "local:").items()}
-            want = {k: v[sel] for k, v in _step_floats(st, ref_env, None, "").items()}
-            op = OPS[chain.discovery.discover()[st.kernel].entries[st.entry]]
-            for name in got:
-                lc, cc = cosine(got[name], local[name]), cosine(got[name], want[name])
-                print(f"  {st.name:10s} {name:14s} own-inputs {lc:.7f} (>= {op.cosine_min})  chain {cc:.7f}"
-                      f"  ({'all' if st.name in whole else 'sampled'} rows, {seconds[st.name]:.1f} s)")
-                if not lc >= op.cosine_min:
-                    failures.append(f"step {s} {st.name}.{name}: cosine {lc:.7f} on its own inputs < {op.cosine_min}")
-            for m in op.mutates:
-                name = {"key_cache": "key", "value_cache": "value"}[m]
-                live = batch["slot_mapping"][:real]
-                g = _slots(caches[0][name].cpu(), live)
-                lc = cosine(g, _slots(envs[0][f"local:{st.name}.{m}"], live))
-                cc = cosine(g, _slots(ref_cache[name], live))
-                print(f"  {st.name:10s} {name + ' written':14s} own-inputs {lc:.7f} (>= {op.cosine_min})  "
-                      f"chain {cc:.7f}")
-                if not lc >= op.cosine_min:
-                    failures.append(f"step {s} cache.{name}: written slots cosine {lc:.7f} < {op.cosine_min}")
-        for name in ("key", "value"):
-            if not torch.equal(caches[0][name].cpu().view(torch.uint8), caches[1][name].cpu().view(torch.uint8)):
-                failures.append(f"step {s} cache.{name}: two kernel chains differ")
+        failures += _check_steps(steps, envs, ref_env, caches, ref_cache, batch, real, s, seconds, pick, whole)
         failures += _check_drift(layer, {k: v.detach().cpu() for k, v in envs[0].items()
-                                         if isinstance(v, torch.Tensor)}, ref_env, rows, weights, bounds, f"step {s}")
+                                         if isinstance(v, torch.Tensor)}, ref_env, weights, bounds, f"step {s}",
+                                 rows=rows)
     print("warm-up s: " + ", ".join(f"{k} {v:.2f}" for k, v in warm.items()))
     assert failures == []
-
-
-def _check_drift(layer, got: dict, ref_env: dict, rows: list, weights: dict, bounds: dict, where: str) -> list:
-    """The layer output and residual on the sampled rows within the bounds, every expert swap explained."""
-    pick = torch.tensor(rows, dtype=torch.long)
-    drift = layer_bound.chain_drift(layer, got, ref_env, rows=rows)
-    flips = layer_bound.unexplained_flips(got["mlp_norm.out"][pick], ref_env["mlp_norm.out"][pick],
-                                          got["router.topk_ids"][pick], ref_env["router.topk_ids"][pick],
-                                          weights["router_weight"], weights["router_bias"])
-    agree = drift["agree"]
-    print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {len(rows)} sampled rows "
-          f"with the reference chain's experts (>= {1 - bounds['output']:.7f}), residual "
-          f"{1 - drift['residual']:.7f} (>= {1 - bounds['residual']:.7f})")
-    failures = [f"{where}: {f}" for f in flips]
-    if not agree.any():
-        failures.append(f"{where}: no row kept the reference chain's experts")
-    elif not drift["output"] <= bounds["output"]:
-        failures.append(f"{where}: layer output 1 - cosine {drift['output']:.3e} > {bounds['output']:.3e}")
-    if not drift["residual"] <= bounds["residual"]:
-        failures.append(f"{where}: residual 1 - cosine {drift['residual']:.3e} > {bounds['residual']:.3e}")
-    return failures
 
 
 def _rows_of(d: dict, rows: list, real: int) -> dict:
@@ -215,13 +163,11 @@ def test_prefill_chain_tp8():
     """The TP8 chain on 8 emulated ranks over the chunked-prefill run, the window (first) and the full layer in
     one run of the ranks: per step the checks of harness/test_layer_tp8.py's decode chain, on the sampled rows
     after the KV write."""
-    from harness import layer_ranks
-    from harness.test_layer_tp8 import _gather_tp8, _tp8_own_inputs, _u8, TP8_REPLICATED
+    from harness.test_layer_tp8 import _gather_tp8, _rank_checks, _reference_then_ranks, _tp8_own_inputs
 
     layer1, layer8 = chain.load_layer(REGIME, 1), chain.load_layer(REGIME, 8)
     layers = [0, 1]
     bounds_of = {li: _bounds(PREFILL_BOUND_TP8, li) for li in layers}
-    weights = ref_layer.build_layer_weights(_weights_seed())
     run = _run()
     step_seed = layer_bound.run_seeds(0)[1]
     reals = run["reals"]
@@ -235,34 +181,7 @@ def test_prefill_chain_tp8():
             inputs[li].append((parts, hidden1, residual))
     config = {"layers": layers, "reals": reals, "rows": sampled, "batches": run["batches"],
               "seed": checks.seed_of("layer-prefill-tp8") % 100_000}
-    refs = {}  # the TP1 reference chain first, so the whole layer's weights are freed before the ranks start
-    for li in layers:
-        ref_cache = {"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}
-        for s, batch in enumerate(run["batches"]):
-            _, hidden1, residual = inputs[li][s]
-            real = reals[s]
-            env = chain.run_layer(layer1, backend="reference", hidden=hidden1[:real],
-                                  residual=None if residual is None else residual[:real], weights=weights,
-                                  batch=ref_layer.real_batch(batch, real, SEQUENCES), cache=ref_cache, layer_idx=li,
-                                  rows=sampled[s])
-            live = batch["slot_mapping"][:real]
-            refs[li, s] = ({k: v for k, v in env.items() if isinstance(v, torch.Tensor)},
-                           {n: _slots(ref_cache[n], live) for n in ("key", "value")})
-    small = {k: weights[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias")}
-    with tempfile.TemporaryDirectory(prefix="amdk-layer-") as tmp:
-        drawn = ref_layer.drawn_experts(weights)  # the lazy experts drawn once for the 8 shards
-        for r in range(8):
-            layer_ranks.save_shard(tmp, r, {
-                "weights": ref_layer.shard_layer_weights(drawn, r),
-                "key_cache": ref_layer.shard_cache(run["key_cache"], r),
-                "value_cache": ref_layer.shard_cache(run["value_cache"], r),
-                "inputs": {li: [(p[r], res) for p, _, res in inputs[li]] for li in layers}})
-        del weights, drawn
-        ref_layer.build_layer_weights.cache_clear()
-        moe._lazy_weights.cache_clear()  # the experts' draw states (references.moe caches its last set)
-        gc.collect()
-        results = layer_ranks.run(config, tmp)
-    weights = small
+    refs, results, weights = _reference_then_ranks(layer1, run, inputs, layers, config, reals, sampled, SEQUENCES)
     failures = []
     for li in layers:
         for s, batch in enumerate(run["batches"]):
@@ -276,16 +195,7 @@ def test_prefill_chain_tp8():
             print(f"\nTP8 layer {li} (window {chain.layer_constants(layer1, li)['sliding_window']}) chunked-prefill "
                   f"step {s}: {real} real rows of {batch['positions'].shape[0]}, rows {rows} sampled, 8 ranks, "
                   "seconds per step on rank 0 " + ", ".join(f"{k} {v:.1f}" for k, v in per[0]["seconds"].items()))
-            for r, p in enumerate(per):
-                if not p["chains_equal"]:
-                    failures.append(f"{where} rank {r}: two kernel chains differ")
-                if p["compiles"]:
-                    failures.append(f"{where} rank {r}: compiled after warm-up: {p['compiles']}")
-            for k, v in per[0]["rows"].items():
-                if k.split(".")[0] in TP8_REPLICATED:
-                    bad = [r for r, p in enumerate(per) if not torch.equal(_u8(p["rows"][k]), _u8(v))]
-                    if bad:
-                        failures.append(f"{where} {k}: ranks {bad} differ from rank 0")
+            failures += _rank_checks(per, where)
             pick = torch.tensor(rows, dtype=torch.long)
             failures += _tp8_own_inputs(layer8, li, s, per, [x[pick] for x in parts],
                                         None if residual is None else residual[pick], len(rows), weights)
@@ -297,6 +207,6 @@ def test_prefill_chain_tp8():
             for name in ("key", "value"):
                 g = torch.cat([p["written"][name] for p in per], dim=1).float()
                 print(f"  {'rope':10s} {name + ' written':14s} chain {cosine(g, ref_written[name]):.7f}")
-            failures += _check_drift(layer1, got, ref_rows, list(range(len(rows))), weights, bounds_of[li], where)
+            failures += _check_drift(layer1, got, ref_rows, weights, bounds_of[li], where)
     print("warm-up s (rank 0): " + ", ".join(f"{k} {v:.2f}" for k, v in results[0]["warm_up"].items()))
     assert failures == []

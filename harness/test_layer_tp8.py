@@ -9,15 +9,13 @@ are harness/test_layer.py's and harness/layer_bound.py's.
 
 from __future__ import annotations
 
-import gc
 import tempfile
 
-import pytest
 import torch
 
 from harness import chain, checks, layer_bound
 from harness.test_layer import LAYER_CONTEXTS, LAYER_STEPS, LAYER_TOKENS, REGIME, _slots, _step_floats, _step_inputs
-from harness.test_layer import _weights_seed
+from harness.test_layer import _check_drift, _weights_seed
 from references import OPS, cosine, moe
 from references import layer as ref_layer
 
@@ -95,17 +93,65 @@ def _gather_tp8(per_rank: list) -> dict:
     return out
 
 
+def _rank_checks(per: list, where: str) -> list:
+    """Every rank's two kernel chains bitwise equal, no compile after warm-up, and the replicated steps'
+    outputs the same bytes on every rank."""
+    failures = []
+    for r, p in enumerate(per):
+        if not p["chains_equal"]:
+            failures.append(f"{where} rank {r}: two kernel chains differ")
+        if p["compiles"]:
+            failures.append(f"{where} rank {r}: compiled after warm-up: {p['compiles']}")
+    for k, v in per[0]["rows"].items():
+        if k.split(".")[0] in TP8_REPLICATED:
+            bad = [r for r, p in enumerate(per) if not torch.equal(_u8(p["rows"][k]), _u8(v))]
+            if bad:
+                failures.append(f"{where} {k}: ranks {bad} differ from rank 0")
+    return failures
+
+
+def _reference_then_ranks(layer1, run: dict, inputs: dict, layers: list, config: dict, reals: list, rows=None,
+                          sequences: int | None = None):
+    """The TP1 reference chain on every step of `layers` (inputs[layer_idx][step] = (ranks' hidden parts, TP1
+    hidden, residual)), then the TP8 chains on 8 rank processes (harness/layer_ranks.py) -> (refs {(layer_idx,
+    step): (reference env, the reference's written cache slots)}, the ranks' results, the replicated small
+    weights). rows: per step the sampled rows the reference's "tokens" steps run (chunked prefill).
+    Memory: the layer's weights are built here and freed before the ranks start, which map their shards from
+    disk; the caller holds no reference to them."""
+    from harness import layer_ranks
+
+    weights = ref_layer.build_layer_weights(_weights_seed())
+    refs = {}
+    for li in layers:
+        ref_cache = {"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}
+        for s, batch in enumerate(run["batches"]):
+            _, hidden1, residual = inputs[li][s]
+            real = reals[s]
+            env = chain.run_layer(layer1, backend="reference", hidden=hidden1[:real],
+                                  residual=None if residual is None else residual[:real], weights=weights,
+                                  batch=ref_layer.real_batch(batch, real, sequences), cache=ref_cache, layer_idx=li,
+                                  rows=None if rows is None else rows[s])
+            live = batch["slot_mapping"][:real]
+            refs[li, s] = ({k: v for k, v in env.items() if isinstance(v, torch.Tensor)},
+                           {n: _slots(ref_cache[n], live) for n in ("key", "value")})
+    small = {k: weights[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias")}
+    with tempfile.TemporaryDirectory(prefix="amdk-layer-") as tmp:
+        layer_ranks.save_shards(tmp, weights, run, inputs, layers)
+        del weights
+        ref_layer.release_weights()
+        results = layer_ranks.run(config, tmp)
+    return refs, results, small
+
+
 def test_decode_chain_tp8():
     """The TP8 decode chain on 8 emulated ranks, window (first) and full layer, LAYER_STEPS steps each: per step
     the layer output (ranks' MoE partials summed) and residual against the TP1 layer reference within the
     derived bounds, every routing change explained, each op on its own inputs at its tolerance (the
     all-reduces' own-input references on every rank's partials), all 8 ranks bitwise equal on the replicated
     outputs, two kernel chains bitwise equal (the second sanitized), no compile after warm-up."""
-    from harness import layer_ranks
 
     layer1, layer8 = chain.load_layer(REGIME, 1), chain.load_layer(REGIME, 8)
     real = len(LAYER_CONTEXTS)
-    weights = ref_layer.build_layer_weights(_weights_seed())
     run_seed, step_seed = layer_bound.run_seeds(0)
     run = ref_layer.build_decode_run(LAYER_TOKENS, LAYER_CONTEXTS, LAYER_STEPS, seed=run_seed)
     layers = [0, 1]
@@ -117,34 +163,7 @@ def test_decode_chain_tp8():
             parts, hidden1 = layer_bound.tp_inputs(hidden, residual, li, 8, layer_bound.partial_seed(step_seed, s))
             inputs[li].append((parts, hidden1, residual))
     config = {"layers": layers, "real": real, "batches": run["batches"], "seed": checks.seed_of("layer-tp8") % 100_000}
-    # Memory (8 rank processes): the ranks map their shards from disk; the TP1 reference chain runs first, so the
-    # whole layer's weights are freed before the ranks start.
-    refs = {}
-    for li in layers:
-        ref_cache = {"key": run["key_cache"].clone(), "value": run["value_cache"].clone()}
-        for s, batch in enumerate(run["batches"]):
-            _, hidden1, residual = inputs[li][s]
-            env = chain.run_layer(layer1, backend="reference", hidden=hidden1[:real],
-                                  residual=None if residual is None else residual[:real], weights=weights,
-                                  batch=ref_layer.real_batch(batch, real), cache=ref_cache, layer_idx=li)
-            live = batch["slot_mapping"][:real]
-            refs[li, s] = ({k: v for k, v in env.items() if isinstance(v, torch.Tensor)},
-                           {n: _slots(ref_cache[n], live) for n in ("key", "value")})
-    small = {k: weights[k] for k in ("attn_norm", "mlp_norm", "router_weight", "router_bias")}
-    with tempfile.TemporaryDirectory(prefix="amdk-layer-") as tmp:
-        drawn = ref_layer.drawn_experts(weights)  # the lazy experts drawn once for the 8 shards
-        for r in range(8):
-            layer_ranks.save_shard(tmp, r, {
-                "weights": ref_layer.shard_layer_weights(drawn, r),
-                "key_cache": ref_layer.shard_cache(run["key_cache"], r),
-                "value_cache": ref_layer.shard_cache(run["value_cache"], r),
-                "inputs": {li: [(p[r], res) for p, _, res in inputs[li]] for li in layers}})
-        del weights, drawn
-        ref_layer.build_layer_weights.cache_clear()
-        moe._lazy_weights.cache_clear()  # the experts' draw states (references.moe caches its last set)
-        gc.collect()
-        results = layer_ranks.run(config, tmp)
-    weights = small
+    refs, results, weights = _reference_then_ranks(layer1, run, inputs, layers, config, [real] * len(run["batches"]))
     failures = []
     for li in layers:
         bounds = LAYER_BOUND_TP8[li]
@@ -155,16 +174,7 @@ def test_decode_chain_tp8():
             print(f"\nTP8 layer {li} (window {chain.layer_constants(layer1, li)['sliding_window']}) decode step {s}:"
                   f" {real} real rows of {LAYER_TOKENS}, 8 ranks, seconds per step on rank 0 "
                   + ", ".join(f"{k} {v:.1f}" for k, v in per[0]["seconds"].items()))
-            for r, p in enumerate(per):
-                if not p["chains_equal"]:
-                    failures.append(f"layer {li} step {s} rank {r}: two kernel chains differ")
-                if p["compiles"]:
-                    failures.append(f"layer {li} step {s} rank {r}: compiled after warm-up: {p['compiles']}")
-            for k, v in per[0]["rows"].items():
-                if k.split(".")[0] in TP8_REPLICATED:
-                    bad = [r for r, p in enumerate(per) if not torch.equal(_u8(p["rows"][k]), _u8(v))]
-                    if bad:
-                        failures.append(f"layer {li} step {s} {k}: ranks {bad} differ from rank 0")
+            failures += _rank_checks(per, f"layer {li} step {s}")
             failures += _tp8_own_inputs(layer8, li, s, per, parts, residual, real, weights)
             got = _gather_tp8([p["rows"] for p in per])
             steps1 = layer1.first_steps if li == 0 else layer1.steps
@@ -175,23 +185,7 @@ def test_decode_chain_tp8():
             for name in ("key", "value"):
                 g = torch.cat([p["written"][name] for p in per], dim=1).float()
                 print(f"  {'rope':10s} {name + ' written':14s} chain {cosine(g, ref_written[name]):.7f}")
-            drift = layer_bound.chain_drift(layer1, got, ref_env)
-            flips = layer_bound.unexplained_flips(got["mlp_norm.out"], ref_env["mlp_norm.out"], got["router.topk_ids"],
-                                                  ref_env["router.topk_ids"], weights["router_weight"],
-                                                  weights["router_bias"])
-            agree = drift["agree"]
-            print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {real} rows with the "
-                  f"reference chain's experts (>= {1 - bounds['output']:.7f}), residual {1 - drift['residual']:.7f} "
-                  f"(>= {1 - bounds['residual']:.7f})")
-            failures += [f"layer {li} step {s}: {f}" for f in flips]
-            if not agree.any():
-                failures.append(f"layer {li} step {s}: no row kept the reference chain's experts")
-            elif not drift["output"] <= bounds["output"]:
-                failures.append(f"layer {li} step {s}: output 1 - cosine {drift['output']:.3e} "
-                                f"> {bounds['output']:.3e}")
-            if not drift["residual"] <= bounds["residual"]:
-                failures.append(f"layer {li} step {s}: residual 1 - cosine {drift['residual']:.3e} "
-                                f"> {bounds['residual']:.3e}")
+            failures += _check_drift(layer1, got, ref_env, weights, bounds, f"layer {li} step {s}")
     print("warm-up s (rank 0): " + ", ".join(f"{k} {v:.2f}" for k, v in results[0]["warm_up"].items()))
     assert failures == []
 

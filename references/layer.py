@@ -58,6 +58,7 @@ seq_len 0) owning no row; padding rows have position 0 and slot -1. Each step ha
 from __future__ import annotations
 
 import functools
+import gc
 
 import torch
 
@@ -271,6 +272,15 @@ def drawn_experts(weights: dict) -> dict:
     """`weights` with the lazy experts drawn as ordinary tensors (1.7 GB): for cutting every rank's shard from
     one draw (a lazy checkpoint's shard draws the whole w2 for its columns, ~1.3 s of CPU per rank)."""
     return {k: moe.plain(v) for k, v in weights.items()}
+
+
+def release_weights() -> None:
+    """Forget the cached layer weights and the experts' draw states (references.moe caches its last set), and
+    collect: what a caller that dropped its own reference to build_layer_weights' result then no longer holds
+    is freed (before 8 rank processes start, say)."""
+    build_layer_weights.cache_clear()
+    moe._lazy_weights.cache_clear()
+    gc.collect()
 
 
 def shard_cache(cache: torch.Tensor, tp_rank: int, tp_size: int = 8) -> torch.Tensor:
