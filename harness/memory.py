@@ -1,22 +1,21 @@
 """The test process's memory: its peak resident set per test, and releasing the references' cached inputs.
 
-The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's checkpoint is regenerated
-expert by expert where it is used (references.moe.LazyExperts; the routed MoE's builder holds the same lazy
-tensors), so a TP1 MoE case holds only its prepared weights (1.7 GB, kept for the package's next case, `moe`
-or `routed`: preparing costs ~20 s) and peaks at ~3.1-4.1 GiB in a process that ran other tests before
-(5.08 GiB in a whole-suite worker, ci10).
-conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this process only: xdist
-workers and a plain run alike) passes the limit, and releases the caches (and collects reference cycles)
-between tests that do not share their inputs. A test's peak includes what earlier tests left resident in the
-process (compiled kernels, the emulator's translations, attention workspaces: ~1-1.5 GiB late in a suite
-worker), which is why the limit stays above the 4 GiB goal. The decoder layer's weights (references.layer.build_layer_weights) hold the same
-lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the decode
-chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
+The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's checkpoint is regenerated expert by
+expert where it is used (references.moe.LazyExperts; the routed MoE's builder holds the same lazy tensors), so a TP1
+MoE case holds only its prepared weights (1.7 GB, kept for the package's next case, `moe` or `routed`: preparing
+costs ~20 s) and peaks at ~3.1-4.1 GiB in a process that ran other tests before (5.08 GiB in a whole-suite worker,
+ci10). conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this process only: xdist
+workers and a plain run alike) passes the limit, and releases the caches (and collects reference cycles) between
+tests that do not share their inputs. A test's peak includes what earlier tests left resident in the process
+(compiled kernels, the emulator's translations, attention workspaces: ~1-1.5 GiB late in a suite worker), which is
+why the limit stays above the 4 GiB goal. The decoder layer's weights (references.layer.build_layer_weights) hold
+the same lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the
+decode chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
 
-AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB> <wall s> <CPU s>" per
-test that ran (setup to teardown; the CPU of this process and of the child processes it waited for, e.g. the
-8 ranks of a multi-rank test): the per-test peaks and costs of a whole run. `/usr/bin/time -v` cannot give them: its "Maximum resident set size" is each
-process's peak since its last reset, so for a test process only the last test's.
+AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB> <wall s> <CPU s>" per test
+that ran (setup to teardown; the CPU of this process and of the child processes it waited for, e.g. the 8 ranks of a
+multi-rank test): the per-test peaks and costs of a whole run. `/usr/bin/time -v` cannot give them: its "Maximum
+resident set size" is each process's peak since its last reset, so for a test process only the last test's.
 """
 
 from __future__ import annotations
