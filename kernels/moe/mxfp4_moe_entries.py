@@ -146,15 +146,18 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
         out = routed_outputs(x, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard)
         m = x.shape[0]
         if m:
-            topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
-            topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
             stream = host.stream_of(x)
-            table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
             key = fused_key[pipeline.variant_for(m)]
             given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
                          shard=shard)
-            launch_args = pipeline.fused_launch_args if key in pipeline.fused_variants else pipeline.launch_args
-            table[key](*launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
+            if key in pipeline.fused_variants:  # decode sizes: 3 launches, the router in the first
+                table[key](*pipeline.fused_launch_args(key, x, router_weight, router_bias, given, out, x.device),
+                           stream)
+            else:  # the prefill tier: the router's launch, then the MoE's
+                topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+                topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
+                table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
+                table[key](*pipeline.launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
         return out
 
     def prepare_routed_inputs(inputs: dict) -> dict:

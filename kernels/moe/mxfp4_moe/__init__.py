@@ -142,7 +142,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         return example_args
 
     # The routed entry's launches (fused.py): the combine folded into down, same bits.
-    fused_variants, fused_launch_args = fused.make(geo, k_quant_sort, gate_ups, workspace, weight_shapes)
+    fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes)
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            fused_variants=fused_variants, fused_launch_args=fused_launch_args,
