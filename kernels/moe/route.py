@@ -14,6 +14,8 @@ One workgroup (4 waves) owns 16 token rows; grid = ceil(M / 16), M a runtime i32
   lane r holding experts 8r..8r+7: k rounds of (max of 8, row max by DPP, knock the winner out).
 - Softmax over the k logits in fp32 (v_exp_f32 on (l - max) * log2(e)); lane 0 of each row stores.
 No atomics, no scratch; every output element has one writer, so results are bitwise deterministic.
+The MoE's routed entry computes the same logits split over expert blocks (mxfp4_moe/route_quant_sort.py: one
+wave per 16 experts, each logit this kernel's MFMA chain) and shares load_bias, logit_key and topk_softmax.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
