@@ -114,13 +114,15 @@ def make(geo):
                 ow = buffer.tensor_resource(topk_weights, out_bytes)
                 oi = buffer.tensor_resource(topk_ids, out_bytes)
                 for p in range_constexpr(TILE_M // 4):
-                    token = tile * TILE_M + p * 4 + q
-                    kv = [dword(k_rsrc, (token * experts + r * per_lane + i) * 4) for i in range_constexpr(per_lane)]
-                    best, exps, inv = route.topk_softmax(kv, top_k)
-                    base = (r == 0).select(token * (top_k * 4), buffer.never_in_range())  # rows >= M: out of range
-                    for j in range_constexpr(top_k):
-                        buffer.store((exps[j] * inv).bitcast(fx.Int32), ow, base + j * 4)
-                        buffer.store(255 - (best[j] & 0xFF), oi, base + j * 4)
+                    if tile * TILE_M + p * 4 < m:  # passes of padding rows only are skipped (the tail's path)
+                        token = tile * TILE_M + p * 4 + q
+                        kv = [dword(k_rsrc, (token * experts + r * per_lane + i) * 4)
+                              for i in range_constexpr(per_lane)]
+                        best, exps, inv = route.topk_softmax(kv, top_k)
+                        base = (r == 0).select(token * (top_k * 4), buffer.never_in_range())  # rows >= M: not stored
+                        for j in range_constexpr(top_k):
+                            buffer.store((exps[j] * inv).bitcast(fx.Int32), ow, base + j * 4)
+                            buffer.store(255 - (best[j] & 0xFF), oi, base + j * 4)
                 if _ticket(tickets, tiles) == tiles - 1:
                     quant_sort.sort(geo, lane, lds, topk_ids, sorted_pairs, tile_expert, meta, m)
         else:
