@@ -4,8 +4,9 @@ package mxfp4_moe/, one module per launch): checks, workspace, the variant table
 The entry takes the prepared weights (kernels/moe/prepare.py, run once at load time); `prepare_inputs`
 maps a reference's inputs (checkpoint layout) to the entry's, for the harness. A package given its router
 (`route`: the route package's launcher variant) also gets `routed`: from the hidden states and the router's
-weight and bias (what vLLM's FusedMoE layer receives), the router's launch, then the MoE's with the combine
-folded into down (mxfp4_moe/fused.py: 4 launches in all, the same bits as route + moe).
+weight and bias (what vLLM's FusedMoE layer receives), below the prefill tier 3 launches in all
+(mxfp4_moe/fused.py: router + quant + sort, gate-up, down + combine), the same bits as route + moe; in the
+prefill tier the router's launch, then the MoE's.
 
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
@@ -50,8 +51,8 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
     `tp_size` the ranks it is cut over (vLLM's cut, prepare.py), `small_m_waves` > 0 adds a small-M variant
     (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy).
     `route`: None, or the router's (launcher, example_args) for this hidden size, expert count and top-k
-    (route.variants), which adds the `routed` entry (its variants "route.all" and the pipeline's "fused.*"
-    join this package's table)."""
+    (route.variants), which adds the `routed` entry (its variants "route.all", for the prefill tier, and the
+    pipeline's "fused.*" join this package's table)."""
     shape_token = host.shape_token(package)
     ip = prepare.padded_intermediate(intermediate, tp_size)
     # variants, variant_for, max_tokens, launch_args, weight_shapes, weight_dtypes, emulator_workgroups
@@ -123,8 +124,9 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
 
     # The router's i32 byte offsets into x [M, hidden] bf16 bound M too.
     routed_max_tokens = min(pipeline.max_tokens, host.max_tokens_for(hidden * 2))
-    # The MoE variant of a token count, with the combine folded into down (mxfp4_moe/fused.py): same bits. The
-    # prefill tier has no fused form: from its token count the routed entry runs its launches as `moe` does.
+    # The routed variant of a token count (mxfp4_moe/fused.py: the router in the first launch, the combine folded
+    # into down; same bits). The prefill tier has no fused form: from its token count the routed entry runs the
+    # router's launch, then the MoE's as `moe` does.
     fused_key = {k: (k.replace("moe.", "fused.", 1) if k.replace("moe.", "fused.", 1) in pipeline.fused_variants
                      else k) for k in pipeline.variants}
     routed_modes = {mode: [ROUTE_KEY, *(fused_key[k] for k in keys)] for mode, keys in modes.items()}
@@ -146,15 +148,18 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
         out = routed_outputs(x, router_weight, router_bias, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard)
         m = x.shape[0]
         if m:
-            topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
-            topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
             stream = host.stream_of(x)
-            table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
             key = fused_key[pipeline.variant_for(m)]
             given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
                          shard=shard)
-            launch_args = pipeline.fused_launch_args if key in pipeline.fused_variants else pipeline.launch_args
-            table[key](*launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
+            if key in pipeline.fused_variants:  # decode sizes: 3 launches, the router in the first
+                table[key](*pipeline.fused_launch_args(key, x, router_weight, router_bias, given, out, x.device),
+                           stream)
+            else:  # the prefill tier: the router's launch, then the MoE's
+                topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
+                topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
+                table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
+                table[key](*pipeline.launch_args(key, x, topk_weights, topk_ids, given, out, x.device), stream)
         return out
 
     def prepare_routed_inputs(inputs: dict) -> dict:

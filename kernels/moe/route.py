@@ -14,6 +14,8 @@ One workgroup (4 waves) owns 16 token rows; grid = ceil(M / 16), M a runtime i32
   lane r holding experts 8r..8r+7: k rounds of (max of 8, row max by DPP, knock the winner out).
 - Softmax over the k logits in fp32 (v_exp_f32 on (l - max) * log2(e)); lane 0 of each row stores.
 No atomics, no scratch; every output element has one writer, so results are bitwise deterministic.
+The MoE's routed entry computes the same logits split over expert blocks (mxfp4_moe/route_quant_sort.py: one
+wave per 16 experts, each logit this kernel's MFMA chain) and shares load_bias, logit_key and topk_softmax.
 """
 
 # (no `from __future__ import annotations`: @fx.struct reads its field annotations as types)
@@ -56,6 +58,42 @@ def _row_max_i32(v):
     for ctrl in (wave.QUAD_SWAP_1, wave.QUAD_SWAP_2, wave.ROW_HALF_MIRROR, wave.ROW_MIRROR):
         v = fx.max(v, wave.dpp(v, ctrl))
     return v
+
+
+def load_bias(b_rsrc, e):
+    """Expert e's router bias (bf16 [E]) as fp32."""
+    word = _load_dword(b_rsrc, (e // 2) * 4)
+    return ((e & 1) != 0).select(word & fx.Int32(-65536), word << 16).bitcast(fx.Float32)
+
+
+def logit_key(acc, bias, e):
+    """Expert e's sortable key from its fp32 dot product: bf16(acc + bias) in the order image, then 255 - e."""
+    return (_ord16(_round_bf16_bits(acc + bias)) << 8) | (255 - e)
+
+
+def topk_softmax(keys, top_k):
+    """One token per 16-lane DPP row, its keys spread over the row's lanes (`keys`: this lane's list): the k
+    largest keys in order (every lane of the row holds them), and their softmax as exps and 1 / their sum
+    (weight j = exps[j] * inv, fp32; formed at the store, where route's kernel always formed it)."""
+    per_lane = len(keys)
+    best = []
+    for j in range_constexpr(top_k):
+        v = keys[0]
+        for i in range_constexpr(1, per_lane):
+            v = fx.max(v, keys[i])
+        v = _row_max_i32(v)
+        best.append(v)
+        keys = [(keys[i] == v).select(fx.Int32(-1), keys[i]) for i in range_constexpr(per_lane)]
+    logits = [(_bf16_of_ord16(k >> 8) << 16).bitcast(fx.Float32) for k in best]
+    exps = [fx.Float32(1.0)]
+    for j in range_constexpr(1, top_k):
+        d = (logits[j] - logits[0]) * LOG2E
+        exps.append(fx.Float32(rocdl.exp2(T.f32, fx.as_ir_value(d))))
+    total = exps[0]
+    for j in range_constexpr(1, top_k):
+        total = total + exps[j]
+    inv = 1.0 / total
+    return best, exps, inv
 
 
 def build(hidden: int, experts: int, top_k: int, name: str):
@@ -104,34 +142,14 @@ def build(hidden: int, experts: int, top_k: int, name: str):
         b_rsrc = buffer.tensor_resource(b, experts * 2)
         for t in range_constexpr(2):
             e = wv * 32 + t * 16 + r
-            word = _load_dword(b_rsrc, (e // 2) * 4)
-            bias_bits = ((e & 1) != 0).select(word & fx.Int32(-65536), word << 16)
-            bias = bias_bits.bitcast(fx.Float32)
+            bias = load_bias(b_rsrc, e)
             for reg in range_constexpr(4):
-                logit = accs[t][reg] + bias
-                key = (_ord16(_round_bf16_bits(logit)) << 8) | (255 - e)
-                fx.memref_store(key, keys_lds, (q * 4 + reg) * experts + e)
+                fx.memref_store(logit_key(accs[t][reg], bias, e), keys_lds, (q * 4 + reg) * experts + e)
         gpu.barrier()
 
         row = wv * 4 + q
         keys = [fx.memref_load(keys_lds, row * experts + r * per_lane + i) for i in range_constexpr(per_lane)]
-        best = []
-        for j in range_constexpr(top_k):
-            v = keys[0]
-            for i in range_constexpr(1, per_lane):
-                v = fx.max(v, keys[i])
-            v = _row_max_i32(v)
-            best.append(v)
-            keys = [(keys[i] == v).select(fx.Int32(-1), keys[i]) for i in range_constexpr(per_lane)]
-        logits = [(_bf16_of_ord16(k >> 8) << 16).bitcast(fx.Float32) for k in best]
-        exps = [fx.Float32(1.0)]
-        for j in range_constexpr(1, top_k):
-            d = (logits[j] - logits[0]) * LOG2E
-            exps.append(fx.Float32(rocdl.exp2(T.f32, fx.as_ir_value(d))))
-        total = exps[0]
-        for j in range_constexpr(1, top_k):
-            total = total + exps[j]
-        inv = 1.0 / total
+        best, exps, inv = topk_softmax(keys, top_k)
         token = tile_row0 + row
         out_bytes = fx.Int64(m) * (top_k * 4)
         ow = buffer.tensor_resource(out_w, out_bytes)

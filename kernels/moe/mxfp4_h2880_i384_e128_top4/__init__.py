@@ -16,8 +16,9 @@ the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4
 K grouping: mxfp4_moe/prefill.py; the threshold is where the cost model projects it faster, README).
 
 routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
-the router's weight bf16 [128, 2880] and bias bf16 [128] (the router's launch, route_h2880_e128_top4's, then
-the MoE's); also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_routed.
+the router's weight bf16 [128, 2880] and bias bf16 [128]: below PREFILL_FROM tokens 3 launches (the router with
+the quantization and the sort, gate-up, down with the combine: mxfp4_moe/fused.py), from it the router's launch
+(route_h2880_e128_top4's), then the MoE's; also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_routed.
 """
 
 from amd_kernels.moe import mxfp4_moe_entries, route
@@ -33,6 +34,6 @@ PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shap
 moe = _built.moe
 prepare_weights = _built.prepare_weights  # checkpoint -> prepared weights, once at load time
 prepare_inputs = _built.prepare_inputs  # the harness's hook: reference inputs -> entry inputs
-routed = _built.routed  # from the hidden states and the router's weights (4 launches)
+routed = _built.routed  # from the hidden states and the router's weights (3 launches at decode)
 prepare_routed_inputs = _built.prepare_routed_inputs
 emulator_workgroups = _built.emulator_workgroups  # kernel.toml workgroups = "tokens"

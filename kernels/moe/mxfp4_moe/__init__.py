@@ -1,4 +1,4 @@
-"""MXFP8-activation x MXFP4-weight MoE: four FlyDSL launches, built per shape (h, IP, E, top-k, activation).
+"""MXFP8-activation x MXFP4-weight MoE: four FlyDSL launches (three in the routed entry), built per shape (h, IP, E, top-k, activation).
 
 One file per launch; `build()` below puts them together with the host side (variant choice, workspace,
 launch arguments). The per-shape numbers are computed once in geometry.py; common.py holds the device
@@ -32,8 +32,13 @@ Bytes that carry nothing are not read: `shard` (from prepare_weights) gives the 
 [live_lo, live_hi) of the prepared span, and whether the w2 bias is added (rank 0); weight rows of dead
 columns, dead 32-column K-blocks of w2, the K tail past h in the last gate-up K-step and zero biases load
 out of range (0, no memory traffic). The swiglu activation has no biases at all.
-The emulator's sampling hook is in sampling.py. The routed entry runs fused.py's launchers: the same
-launches with 4 folded into 3 (down.py with combine=True: the last writer of a token's columns sums them).
+The emulator's sampling hook is in sampling.py.
+
+The routed entry (the package's router weights and the hidden states in) runs fused.py's launchers below the
+prefill tier: three launches for the MoE layer, the router included. route_quant_sort.py replaces launch 1:
+the router split over expert blocks (route.py's logits, bit for bit), its tiles' top-k and softmax and then
+the sort done by the last workgroups by ticket, the quantization rows beside; then gate-up; then down with 4
+folded in (down.py with combine=True: the last writer of a token's columns sums them).
 """
 
 from types import SimpleNamespace
@@ -141,8 +146,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                                torch.zeros_like(x))
         return example_args
 
-    # The routed entry's launches (fused.py): the combine folded into down, same bits.
-    fused_variants, fused_launch_args = fused.make(geo, k_quant_sort, gate_ups, workspace, weight_shapes)
+    # The routed entry's launches (fused.py): the router, quant and sort in one, the combine folded into down.
+    fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes)
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            fused_variants=fused_variants, fused_launch_args=fused_launch_args,

@@ -15,7 +15,8 @@ def make(geo):
     super_launches = {f"{name}_gate_up_prefill", f"{name}_down_prefill"}  # workgroup x: super-tile x
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
-        """The workgroups `tokens`' output rows need (None: all of them). quant and sort run whole; gate-up
+        """The workgroups `tokens`' output rows need (None: all of them). quant and sort (and the routed entry's
+        router + quant + sort, whose tickets need every workgroup) run whole; gate-up
         and down run the tiles holding a pair of one of the tokens (read from the sort's result); combine
         runs the tokens' rows; the prefill tier's tile launches run the super-tiles holding them."""
         if kernel == f"{name}_combine":
