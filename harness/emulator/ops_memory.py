@@ -744,6 +744,65 @@ def build_ds_read_tr(inst, ctx, kind):
     return _ds_read_tr(inst, ctx, ops, offset, int(m.group(1)))
 
 
+# ---- LDS group forms (lockstep.py) ---------------------------------------------------------------------
+# The waves of a lockstep batch keep their LDS as rows of one (workgroups, bytes) array (engine.py), so a
+# group's accesses, over several workgroups, are one gather or one scatter into it.
+
+_BYTES = [np.arange(n) for n in range(17)]
+
+
+def _lds_group(waves, arow, offsets, nbytes):
+    """The group's LDS addresses: (register slots (W,), byte addresses in each wave's LDS (W, K, 64), one
+    per offset, flat indices into the batch's LDS array (W, K, 64), that array flat), or None when the
+    group runs wave by wave: a lane outside EXEC or an address outside the LDS (lanes that read 0 or are
+    dropped alone), or waves whose LDS is not a row of one batch array."""
+    w0 = waves[0]
+    big = w0.lds.base
+    if big is None or big.ndim != 2:
+        return None
+    for w in waves:
+        s_ = w.s
+        if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF or w.lds.base is not big:
+            return None
+    size = w0.lds_size
+    idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+    base = w0.v.base[idx, arow].astype(np.int64)                                    # (W, 64), >= 0
+    a = base[:, None, :] + np.array(offsets, np.int64)[None, :, None]
+    if int(a.max()) > size - nbytes:
+        return None
+    rows = np.fromiter((w.wg.lds_row for w in waves), np.int64, len(waves))
+    return idx, a, a + (rows * size)[:, None, None], big.reshape(-1)
+
+
+def _lds_gather(flat, f, nbytes):
+    """(..., nbytes) uint8 LDS bytes at the flat indices f."""
+    if nbytes % 4 == 0 and flat.size % 4 == 0 and not (f & 3).any():
+        return flat.view(U32)[(f >> 2)[..., None] + _BYTES[nbytes // 4]].view(np.uint8)
+    return flat[f[..., None] + _BYTES[nbytes]]
+
+
+def _lds_scatter(flat, f, data):
+    """Store (..., nbytes) uint8 at the flat indices f, in C order (a later wave, offset or lane wins where
+    two overlap, as wave by wave)."""
+    nbytes = data.shape[-1]
+    if nbytes % 4 == 0 and flat.size % 4 == 0 and not (f & 3).any():
+        flat.view(U32)[(f >> 2)[..., None] + _BYTES[nbytes // 4]] = np.ascontiguousarray(data).view(U32)
+    else:
+        flat[f[..., None] + _BYTES[nbytes]] = data
+
+
+def _lds_deliver(waves, mask, applies, a, nbytes, write):
+    """Each wave's result and race record through its own queue, in the group's order (as alone)."""
+    recs = (a[..., None] + _BYTES[nbytes]).reshape(len(waves), -1) if waves[0].san is not None else None
+    for n, w in enumerate(waves):
+        try:
+            _deliver(w, "lds", mask, applies[n] if applies is not None else None,
+                     (write, recs[n]) if w.san is not None else None)
+        except Exception as e:
+            e.wave = w
+            raise
+
+
 def build_ds_pair(inst, ctx, kind):
     """ds_read2 / ds_write2 (st64) b32 / b64: two accesses at offset0 and offset1."""
     ops, acc, counters, offset = _ds_operands(inst, ctx)
@@ -772,6 +831,25 @@ def build_ds_pair(inst, ctx, kind):
             rec = (False, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
                 if w.san is not None else None
             _deliver(w, "lds", dmask, apply, rec)
+
+        def group(waves):
+            """Lockstep: one gather over the group's workgroups; results delivered wave by wave."""
+            g = _lds_group(waves, arow, (o0, o1), size)
+            if g is None:
+                return _one_by_one(h, waves)
+            idx, a, f, flat = g
+            n = len(waves)
+            rows = _lds_gather(flat, f, size).view(U32).transpose(0, 1, 3, 2).reshape(n, 2 * ndw, WAVE)
+            for k in range(n):
+                counters.lds_access(a[k, 0], size, write=False)
+                counters.lds_access(a[k, 1], size, write=False)
+            if waves[0].san is None:
+                waves[0].v.base[idx, drow: drow + 2 * ndw] = rows
+                return
+            applies = [lambda w=w, r=rows[k]: w.v.__setitem__(slice(drow, drow + 2 * ndw), r)
+                       for k, w in enumerate(waves)]
+            _lds_deliver(waves, dmask, applies, a, size, False)
+        h.group = group
         return h
     arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
 
@@ -784,6 +862,23 @@ def build_ds_pair(inst, ctx, kind):
         rec = (True, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
             if w.san is not None else None
         _deliver(w, "lds", 0, None, rec)
+
+    def group(waves):
+        """Lockstep: one scatter over the group's workgroups (wave, then offset, then lane order, as wave
+        by wave); race records delivered wave by wave."""
+        g = _lds_group(waves, arow, (o0, o1), size)
+        if g is None:
+            return _one_by_one(h, waves)
+        idx, a, f, flat = g
+        regs = waves[0].v.base
+        data = np.stack([regs[idx, r0: r0 + ndw], regs[idx, r1: r1 + ndw]], axis=1)      # (W, 2, ndw, 64)
+        _lds_scatter(flat, f, np.ascontiguousarray(data.transpose(0, 1, 3, 2)).view(np.uint8))
+        for k in range(len(waves)):
+            counters.lds_access(a[k, 0], size, write=True)
+            counters.lds_access(a[k, 1], size, write=True)
+        if waves[0].san is not None:
+            _lds_deliver(waves, 0, None, a, size, True)
+    h.group = group
     return h
 
 
@@ -806,6 +901,24 @@ def build_ds_rw(inst, ctx, kind):
             def apply():
                 _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
             _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, nbytes)) if w.san is not None else None)
+
+        def group(waves):
+            """Lockstep: one gather over the group's workgroups; results delivered wave by wave."""
+            g = _lds_group(waves, arow, (offset,), nbytes)
+            if g is None:
+                return _one_by_one(h, waves)
+            idx, a, f, flat = g
+            data = _lds_gather(flat, f[:, 0], nbytes)                   # (W, 64, nbytes)
+            for k in range(len(waves)):
+                counters.lds_access(a[k, 0], nbytes, write=False)
+            if waves[0].san is None and nbytes >= 4:
+                nd = nbytes // 4
+                waves[0].v.base[idx, drow: drow + nd] = data.view(U32).reshape(len(waves), WAVE, nd).transpose(0, 2, 1)
+                return
+            applies = [lambda w=w, d=data[k]: _bytes_to_rows(w, drow, d, _ALL, nbytes, sext, d16)
+                       for k, w in enumerate(waves)]
+            _lds_deliver(waves, dmask, applies, a[:, 0], nbytes, False)
+        h.group = group
         return h
     arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
     hi = d16 == "hi"
@@ -820,6 +933,27 @@ def build_ds_rw(inst, ctx, kind):
         _lds_store_bytes(w, a, data, ctx)
         counters.lds_access(a, nbytes, write=True)
         _deliver(w, "lds", 0, None, (True, _lds_idx(a, nbytes)) if w.san is not None else None)
+
+    def group(waves):
+        """Lockstep: one scatter over the group's workgroups (wave, then lane order, as wave by wave); race
+        records delivered wave by wave."""
+        g = _lds_group(waves, arow, (offset,), nbytes)
+        if g is None:
+            return _one_by_one(h, waves)
+        idx, a, f, flat = g
+        regs = waves[0].v.base
+        n = len(waves)
+        if hi:
+            data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
+        else:
+            nd = (nbytes + 3) // 4
+            data = np.ascontiguousarray(regs[idx, drow: drow + nd].transpose(0, 2, 1)).view(np.uint8)[:, :, :nbytes]
+        _lds_scatter(flat, f[:, 0], data)
+        for k in range(n):
+            counters.lds_access(a[k, 0], nbytes, write=True)
+        if waves[0].san is not None:
+            _lds_deliver(waves, 0, None, a[:, 0], nbytes, True)
+    h.group = group
     return h
 
 
