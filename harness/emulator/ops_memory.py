@@ -337,20 +337,22 @@ class BufferAddress:
         off += soff
         return off
 
-    def all_in_range_many(self, waves, nbytes):
+    def all_in_range_many(self, waves, nbytes, lanes=False):
         """all_in_range for a lockstep group at once: ((waves, 64) int64 addresses, (waves,) bool), the
-        flag True where the wave has every lane active and all_in_range would return those addresses."""
+        flag True where the wave has every lane active and all_in_range would return those addresses.
+        lanes=True adds in_range's (waves, 64, ndw) in-range dwords, valid where the third value, (waves,)
+        bool, is True (a raw buffer: stride 0), or None for both when every flag is True."""
         n = len(waves)
         if self.idxen or not self.offen:
-            return None, np.zeros(n, bool)
+            return (None, np.zeros(n, bool), None, np.zeros(n, bool)) if lanes else (None, np.zeros(n, bool))
         rs = self.rsrc
-        ex, base, soff, limit = [], [], [], []
+        full, raw, base, limit = [], [], [], []
         for w in waves:
             s = w.s
             d1 = s[rs + 1]
-            ex.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF and not (d1 >> 16) & 0x3FFF)
+            full.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF)
+            raw.append(not (d1 >> 16) & 0x3FFF)
             so = self.soff(w)
-            soff.append(so)
             base.append((s[rs] | ((d1 & 0xFFFF) << 32)) + so)
             limit.append(s[rs + 2] - so)
         regs = waves[0].v.base
@@ -359,9 +361,18 @@ class BufferAddress:
         if self.inst_offset:
             off += self.inst_offset
         ndw = max(1, nbytes // 4)
-        ok = np.array(ex) & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= np.array(limit, np.int64))
+        lim = np.array(limit, np.int64)
+        raw = np.array(raw)
+        ok = np.array(full) & raw & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= lim)
+        dw = None
+        if lanes and not ok.all():
+            # in_range's test for a raw buffer (its offset there includes soffset, here in the limit)
+            last = self._last.get(nbytes)
+            if last is None:
+                last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
+            dw = (off[:, :, None] + last) <= lim[:, None, None]
         off += np.array(base, np.int64)[:, None]
-        return off, ok
+        return (off, ok, dw, raw) if lanes else (off, ok)
 
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
@@ -488,15 +499,15 @@ def build_buffer(inst, ctx):
             report is the first wave's, as alone. Each wave's registers are still delivered through its
             own queue."""
             fast, part = [], []
-            many, whole = ba.all_in_range_many(waves, nbytes)
-            for w, f in zip(waves, whole.tolist()):
+            many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
+            for k, (w, f) in enumerate(zip(waves, whole.tolist())):
                 if f:
                     fast.append(w)
                 else:
                     s_ = w.s
                     full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
                     act = _ALL if full else _active(w)
-                    addr, ok = ba.in_range(w, nbytes)
+                    addr, ok = (many[k], dw[k]) if raw[k] else ba.in_range(w, nbytes)
                     part.append((w, act, addr, ok))
             a = (many.reshape(-1) if not part else many[whole].reshape(-1)) if fast else None
             if part:
@@ -599,32 +610,45 @@ def build_buffer(inst, ctx):
             counters.global_store(a, nbytes)
 
     def group(waves):
-        """Lockstep (lockstep.py): when every wave of the group has every lane active and in range, one
-        memory check, one scatter (waves in the group's order, so a later wave wins where two overlap, as
-        one by one) and one counter update; otherwise wave by wave. A memory report (out of bounds: found
-        before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
-        many, whole = ba.all_in_range_many(waves, nbytes)
+        """Lockstep (lockstep.py): one memory check, one scatter (waves in the group's order, then lanes, so
+        a later wave wins where two overlap, as one by one) and one counter update over the lanes that
+        store: active and in range. A raw buffer's lanes out of range (wholly: a lane with only some of its
+        dwords in range runs the group wave by wave) are dropped, as alone. A memory report (out of bounds:
+        found before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
+        many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
+        n = len(waves)
+        sel = None                  # (waves, 64) lanes that store, None when all of them
         if not whole.all():
-            _one_by_one(h, waves)
-            return
-        a = many.reshape(-1)
+            if not raw.all():
+                _one_by_one(h, waves)
+                return
+            lane_ok = dw[:, :, 0] if ndw == 1 else dw.all(axis=2)
+            if ndw > 1 and (dw.any(axis=2) & ~lane_ok).any():
+                _one_by_one(h, waves)
+                return
+            sel = np.stack([_active(w) for w in waves]) & lane_ok
+        a = many.reshape(-1) if sel is None else many[sel]
         mem = waves[0].san.mem if waves[0].san is not None else None
-        if mem is not None:
+        if mem is not None and len(a):
+            lanes = np.tile(_LANE_NUMBERS, n) if sel is None else np.nonzero(sel)[1]
             try:
-                mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(waves)), inst.mnemonic, False, True)
+                mem.check(a, nbytes, lanes, inst.mnemonic, False, True)
             except Exception:
                 _one_by_one(h, waves)
                 return
         for w in waves:
             if w.san is not None:
                 w.san.issue("vm", 0, None)
+        if not len(a):
+            return
         regs = waves[0].v.base
-        idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+        idx = np.fromiter((w.slot for w in waves), np.intp, n)
         if shift_hi:
-            data = (regs[idx, drow] >> U32(16)).reshape(-1).view(np.uint8).reshape(-1, 4)[:, :nbytes]
+            data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
         else:
             nd = (nbytes + 3) // 4
-            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8).reshape(-1, nd * 4)[:, :nbytes]
+            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8)[:, :, :nbytes]
+        data = data.reshape(-1, nbytes) if sel is None else data[sel]
         mem_write(a, data)
         counters.global_store(a, nbytes)
     h.group = group

@@ -239,6 +239,9 @@ STORES = """
   v_mul_u32_u24 v25, 24, v20
   s_movk_i32 s41, 0x4e20
   buffer_store_dwordx3 v[2:4], v25, s[24:27], s41 offen
+  s_movk_i32 s26, 0x7ffc
+  s_movk_i32 s41, 0x7698
+  buffer_store_dwordx2 v[4:5], v26, s[24:27], s41 offen
 """
 
 
