@@ -66,9 +66,12 @@ class LaunchRecord:
 
 
 class _Workgroup:
-    def __init__(self, ids, lds_bytes):
+    def __init__(self, ids, lds_bytes, lds=None, lds_row=None):
         self.ids = ids
-        self.lds = np.zeros(max(lds_bytes, 4), np.uint8)
+        # lds: row `lds_row` of a lockstep batch's (workgroups, bytes) array (the LDS group forms in
+        # ops_memory index every workgroup of the batch at once), or its own array
+        self.lds = np.zeros(max(lds_bytes, 4), np.uint8) if lds is None else lds
+        self.lds_row = lds_row
         self.lds32 = None
         self.shadow = None
 
@@ -254,9 +257,10 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
             for c in range(0, len(ids), per):
                 chunk = ids[c: c + per]
                 regs = np.zeros((len(chunk) * n_waves, N_VGPR_FILE, WAVE), np.uint32)
+                lds_all = np.zeros((len(chunk), max(lds_bytes, 4)), np.uint8)
                 groups = []
                 for j, wg_ids in enumerate(chunk):
-                    wg = _Workgroup(wg_ids, lds_bytes)
+                    wg = _Workgroup(wg_ids, lds_bytes, lds_all[j], j)
                     if "races" in det:
                         wg.shadow = san_mod.LdsShadow(wg.lds.size)
                     waves = []

@@ -164,6 +164,8 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
     batched = batched_table(program)
     sleeps = sleep_table(program)
     touch = static.touch if static is not None else None
+    hz = static.hz if static is not None else None
+    wait_states = static.wait_states if static is not None else None
     running = sorted((w for _, waves in workgroups for w in waves), key=_slot)
     at_barrier = {id(wg): [] for wg, _ in workgroups}
     active = {id(wg): len(waves) for wg, waves in workgroups}      # waves of the workgroup not at a barrier
@@ -200,14 +202,18 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                 fn, nxt = table[i]
                 hits[i] += len(group)
                 if touch is not None:
+                    t, quiet = touch[i], hz[i] is None
                     for w in group:
                         cur = w
                         ws = w.san
                         ws.cur_pc = pc
-                        if ws.pend & touch[i]:
+                        if ws.pend & t:
                             ws.missing_wait(i)
                         if ws.hazards:
-                            ws.check_hazards(i)
+                            if quiet:       # check_hazards' first branch: no hazard class, only time passes
+                                ws.clock += wait_states[i]
+                            else:
+                                ws.check_hazards(i)
                 if batched[i]:
                     for run, batch in runs:
                         if batch is not None and _same_exec(run):

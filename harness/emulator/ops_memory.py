@@ -337,20 +337,22 @@ class BufferAddress:
         off += soff
         return off
 
-    def all_in_range_many(self, waves, nbytes):
+    def all_in_range_many(self, waves, nbytes, lanes=False):
         """all_in_range for a lockstep group at once: ((waves, 64) int64 addresses, (waves,) bool), the
-        flag True where the wave has every lane active and all_in_range would return those addresses."""
+        flag True where the wave has every lane active and all_in_range would return those addresses.
+        lanes=True adds in_range's (waves, 64, ndw) in-range dwords, valid where the third value, (waves,)
+        bool, is True (a raw buffer: stride 0), or None for both when every flag is True."""
         n = len(waves)
         if self.idxen or not self.offen:
-            return None, np.zeros(n, bool)
+            return (None, np.zeros(n, bool), None, np.zeros(n, bool)) if lanes else (None, np.zeros(n, bool))
         rs = self.rsrc
-        ex, base, soff, limit = [], [], [], []
+        full, raw, base, limit = [], [], [], []
         for w in waves:
             s = w.s
             d1 = s[rs + 1]
-            ex.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF and not (d1 >> 16) & 0x3FFF)
+            full.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF)
+            raw.append(not (d1 >> 16) & 0x3FFF)
             so = self.soff(w)
-            soff.append(so)
             base.append((s[rs] | ((d1 & 0xFFFF) << 32)) + so)
             limit.append(s[rs + 2] - so)
         regs = waves[0].v.base
@@ -359,9 +361,18 @@ class BufferAddress:
         if self.inst_offset:
             off += self.inst_offset
         ndw = max(1, nbytes // 4)
-        ok = np.array(ex) & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= np.array(limit, np.int64))
+        lim = np.array(limit, np.int64)
+        raw = np.array(raw)
+        ok = np.array(full) & raw & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= lim)
+        dw = None
+        if lanes and not ok.all():
+            # in_range's test for a raw buffer (its offset there includes soffset, here in the limit)
+            last = self._last.get(nbytes)
+            if last is None:
+                last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
+            dw = (off[:, :, None] + last) <= lim[:, None, None]
         off += np.array(base, np.int64)[:, None]
-        return off, ok
+        return (off, ok, dw, raw) if lanes else (off, ok)
 
     def in_range(self, w, nbytes):
         addr, off, idx, num_records, stride = self.compute(w, nbytes)
@@ -488,15 +499,15 @@ def build_buffer(inst, ctx):
             report is the first wave's, as alone. Each wave's registers are still delivered through its
             own queue."""
             fast, part = [], []
-            many, whole = ba.all_in_range_many(waves, nbytes)
-            for w, f in zip(waves, whole.tolist()):
+            many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
+            for k, (w, f) in enumerate(zip(waves, whole.tolist())):
                 if f:
                     fast.append(w)
                 else:
                     s_ = w.s
                     full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
                     act = _ALL if full else _active(w)
-                    addr, ok = ba.in_range(w, nbytes)
+                    addr, ok = (many[k], dw[k]) if raw[k] else ba.in_range(w, nbytes)
                     part.append((w, act, addr, ok))
             a = (many.reshape(-1) if not part else many[whole].reshape(-1)) if fast else None
             if part:
@@ -599,32 +610,45 @@ def build_buffer(inst, ctx):
             counters.global_store(a, nbytes)
 
     def group(waves):
-        """Lockstep (lockstep.py): when every wave of the group has every lane active and in range, one
-        memory check, one scatter (waves in the group's order, so a later wave wins where two overlap, as
-        one by one) and one counter update; otherwise wave by wave. A memory report (out of bounds: found
-        before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
-        many, whole = ba.all_in_range_many(waves, nbytes)
+        """Lockstep (lockstep.py): one memory check, one scatter (waves in the group's order, then lanes, so
+        a later wave wins where two overlap, as one by one) and one counter update over the lanes that
+        store: active and in range. A raw buffer's lanes out of range (wholly: a lane with only some of its
+        dwords in range runs the group wave by wave) are dropped, as alone. A memory report (out of bounds:
+        found before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
+        many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
+        n = len(waves)
+        sel = None                  # (waves, 64) lanes that store, None when all of them
         if not whole.all():
-            _one_by_one(h, waves)
-            return
-        a = many.reshape(-1)
+            if not raw.all():
+                _one_by_one(h, waves)
+                return
+            lane_ok = dw[:, :, 0] if ndw == 1 else dw.all(axis=2)
+            if ndw > 1 and (dw.any(axis=2) & ~lane_ok).any():
+                _one_by_one(h, waves)
+                return
+            sel = np.stack([_active(w) for w in waves]) & lane_ok
+        a = many.reshape(-1) if sel is None else many[sel]
         mem = waves[0].san.mem if waves[0].san is not None else None
-        if mem is not None:
+        if mem is not None and len(a):
+            lanes = np.tile(_LANE_NUMBERS, n) if sel is None else np.nonzero(sel)[1]
             try:
-                mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(waves)), inst.mnemonic, False, True)
+                mem.check(a, nbytes, lanes, inst.mnemonic, False, True)
             except Exception:
                 _one_by_one(h, waves)
                 return
         for w in waves:
             if w.san is not None:
                 w.san.issue("vm", 0, None)
+        if not len(a):
+            return
         regs = waves[0].v.base
-        idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+        idx = np.fromiter((w.slot for w in waves), np.intp, n)
         if shift_hi:
-            data = (regs[idx, drow] >> U32(16)).reshape(-1).view(np.uint8).reshape(-1, 4)[:, :nbytes]
+            data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
         else:
             nd = (nbytes + 3) // 4
-            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8).reshape(-1, nd * 4)[:, :nbytes]
+            data = regs[idx, drow: drow + nd].transpose(0, 2, 1).copy().view(np.uint8)[:, :, :nbytes]
+        data = data.reshape(-1, nbytes) if sel is None else data[sel]
         mem_write(a, data)
         counters.global_store(a, nbytes)
     h.group = group
@@ -744,6 +768,65 @@ def build_ds_read_tr(inst, ctx, kind):
     return _ds_read_tr(inst, ctx, ops, offset, int(m.group(1)))
 
 
+# ---- LDS group forms (lockstep.py) ---------------------------------------------------------------------
+# The waves of a lockstep batch keep their LDS as rows of one (workgroups, bytes) array (engine.py), so a
+# group's accesses, over several workgroups, are one gather or one scatter into it.
+
+_BYTES = [np.arange(n) for n in range(17)]
+
+
+def _lds_group(waves, arow, offsets, nbytes):
+    """The group's LDS addresses: (register slots (W,), byte addresses in each wave's LDS (W, K, 64), one
+    per offset, flat indices into the batch's LDS array (W, K, 64), that array flat), or None when the
+    group runs wave by wave: a lane outside EXEC or an address outside the LDS (lanes that read 0 or are
+    dropped alone), or waves whose LDS is not a row of one batch array."""
+    w0 = waves[0]
+    big = w0.lds.base
+    if big is None or big.ndim != 2:
+        return None
+    for w in waves:
+        s_ = w.s
+        if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF or w.lds.base is not big:
+            return None
+    size = w0.lds_size
+    idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+    base = w0.v.base[idx, arow].astype(np.int64)                                    # (W, 64), >= 0
+    a = base[:, None, :] + np.array(offsets, np.int64)[None, :, None]
+    if int(a.max()) > size - nbytes:
+        return None
+    rows = np.fromiter((w.wg.lds_row for w in waves), np.int64, len(waves))
+    return idx, a, a + (rows * size)[:, None, None], big.reshape(-1)
+
+
+def _lds_gather(flat, f, nbytes):
+    """(..., nbytes) uint8 LDS bytes at the flat indices f."""
+    if nbytes % 4 == 0 and flat.size % 4 == 0 and not (f & 3).any():
+        return flat.view(U32)[(f >> 2)[..., None] + _BYTES[nbytes // 4]].view(np.uint8)
+    return flat[f[..., None] + _BYTES[nbytes]]
+
+
+def _lds_scatter(flat, f, data):
+    """Store (..., nbytes) uint8 at the flat indices f, in C order (a later wave, offset or lane wins where
+    two overlap, as wave by wave)."""
+    nbytes = data.shape[-1]
+    if nbytes % 4 == 0 and flat.size % 4 == 0 and not (f & 3).any():
+        flat.view(U32)[(f >> 2)[..., None] + _BYTES[nbytes // 4]] = np.ascontiguousarray(data).view(U32)
+    else:
+        flat[f[..., None] + _BYTES[nbytes]] = data
+
+
+def _lds_deliver(waves, mask, applies, a, nbytes, write):
+    """Each wave's result and race record through its own queue, in the group's order (as alone)."""
+    recs = (a[..., None] + _BYTES[nbytes]).reshape(len(waves), -1) if waves[0].san is not None else None
+    for n, w in enumerate(waves):
+        try:
+            _deliver(w, "lds", mask, applies[n] if applies is not None else None,
+                     (write, recs[n]) if w.san is not None else None)
+        except Exception as e:
+            e.wave = w
+            raise
+
+
 def build_ds_pair(inst, ctx, kind):
     """ds_read2 / ds_write2 (st64) b32 / b64: two accesses at offset0 and offset1."""
     ops, acc, counters, offset = _ds_operands(inst, ctx)
@@ -772,6 +855,25 @@ def build_ds_pair(inst, ctx, kind):
             rec = (False, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
                 if w.san is not None else None
             _deliver(w, "lds", dmask, apply, rec)
+
+        def group(waves):
+            """Lockstep: one gather over the group's workgroups; results delivered wave by wave."""
+            g = _lds_group(waves, arow, (o0, o1), size)
+            if g is None:
+                return _one_by_one(h, waves)
+            idx, a, f, flat = g
+            n = len(waves)
+            rows = _lds_gather(flat, f, size).view(U32).transpose(0, 1, 3, 2).reshape(n, 2 * ndw, WAVE)
+            for k in range(n):
+                counters.lds_access(a[k, 0], size, write=False)
+                counters.lds_access(a[k, 1], size, write=False)
+            if waves[0].san is None:
+                waves[0].v.base[idx, drow: drow + 2 * ndw] = rows
+                return
+            applies = [lambda w=w, r=rows[k]: w.v.__setitem__(slice(drow, drow + 2 * ndw), r)
+                       for k, w in enumerate(waves)]
+            _lds_deliver(waves, dmask, applies, a, size, False)
+        h.group = group
         return h
     arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
 
@@ -784,6 +886,23 @@ def build_ds_pair(inst, ctx, kind):
         rec = (True, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
             if w.san is not None else None
         _deliver(w, "lds", 0, None, rec)
+
+    def group(waves):
+        """Lockstep: one scatter over the group's workgroups (wave, then offset, then lane order, as wave
+        by wave); race records delivered wave by wave."""
+        g = _lds_group(waves, arow, (o0, o1), size)
+        if g is None:
+            return _one_by_one(h, waves)
+        idx, a, f, flat = g
+        regs = waves[0].v.base
+        data = np.stack([regs[idx, r0: r0 + ndw], regs[idx, r1: r1 + ndw]], axis=1)      # (W, 2, ndw, 64)
+        _lds_scatter(flat, f, np.ascontiguousarray(data.transpose(0, 1, 3, 2)).view(np.uint8))
+        for k in range(len(waves)):
+            counters.lds_access(a[k, 0], size, write=True)
+            counters.lds_access(a[k, 1], size, write=True)
+        if waves[0].san is not None:
+            _lds_deliver(waves, 0, None, a, size, True)
+    h.group = group
     return h
 
 
@@ -806,6 +925,24 @@ def build_ds_rw(inst, ctx, kind):
             def apply():
                 _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
             _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, nbytes)) if w.san is not None else None)
+
+        def group(waves):
+            """Lockstep: one gather over the group's workgroups; results delivered wave by wave."""
+            g = _lds_group(waves, arow, (offset,), nbytes)
+            if g is None:
+                return _one_by_one(h, waves)
+            idx, a, f, flat = g
+            data = _lds_gather(flat, f[:, 0], nbytes)                   # (W, 64, nbytes)
+            for k in range(len(waves)):
+                counters.lds_access(a[k, 0], nbytes, write=False)
+            if waves[0].san is None and nbytes >= 4:
+                nd = nbytes // 4
+                waves[0].v.base[idx, drow: drow + nd] = data.view(U32).reshape(len(waves), WAVE, nd).transpose(0, 2, 1)
+                return
+            applies = [lambda w=w, d=data[k]: _bytes_to_rows(w, drow, d, _ALL, nbytes, sext, d16)
+                       for k, w in enumerate(waves)]
+            _lds_deliver(waves, dmask, applies, a[:, 0], nbytes, False)
+        h.group = group
         return h
     arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
     hi = d16 == "hi"
@@ -820,6 +957,27 @@ def build_ds_rw(inst, ctx, kind):
         _lds_store_bytes(w, a, data, ctx)
         counters.lds_access(a, nbytes, write=True)
         _deliver(w, "lds", 0, None, (True, _lds_idx(a, nbytes)) if w.san is not None else None)
+
+    def group(waves):
+        """Lockstep: one scatter over the group's workgroups (wave, then lane order, as wave by wave); race
+        records delivered wave by wave."""
+        g = _lds_group(waves, arow, (offset,), nbytes)
+        if g is None:
+            return _one_by_one(h, waves)
+        idx, a, f, flat = g
+        regs = waves[0].v.base
+        n = len(waves)
+        if hi:
+            data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
+        else:
+            nd = (nbytes + 3) // 4
+            data = np.ascontiguousarray(regs[idx, drow: drow + nd].transpose(0, 2, 1)).view(np.uint8)[:, :, :nbytes]
+        _lds_scatter(flat, f[:, 0], data)
+        for k in range(n):
+            counters.lds_access(a[k, 0], nbytes, write=True)
+        if waves[0].san is not None:
+            _lds_deliver(waves, 0, None, a[:, 0], nbytes, True)
+    h.group = group
     return h
 
 

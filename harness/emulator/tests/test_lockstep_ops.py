@@ -179,6 +179,8 @@ CVT = """
   v_lshlrev_b32 v50, 4, v0
   global_load_dwordx4 v[60:63], v50, s[20:21]
   s_waitcnt vmcnt(0)
+  v_lshlrev_b32 v47, 3, v40
+  v_add_u32 v47, 0xb000, v47
   v_mov_b32 v70, -1
   v_mov_b32 v71, -1
   v_mov_b32 v73, -1
@@ -237,6 +239,9 @@ STORES = """
   v_mul_u32_u24 v25, 24, v20
   s_movk_i32 s41, 0x4e20
   buffer_store_dwordx3 v[2:4], v25, s[24:27], s41 offen
+  s_movk_i32 s26, 0x7ffc
+  s_movk_i32 s41, 0x7698
+  buffer_store_dwordx2 v[4:5], v26, s[24:27], s41 offen
 """
 
 
@@ -303,3 +308,132 @@ def test_compares_and_selects(opts):
     v, _, _ = _both(COMPARE, opts, slice(40, 52))
     assert not np.array_equal(v[0], v[1])
     assert not v[0][3][:21].any() and v[0][3][21:].all()        # v43 outside EXEC (lanes < 21): old (0)
+
+
+# LDS in every group form (ds_write/ds_read of each size, d16 halves and sign extension, unaligned bytes,
+# write2/read2 b32/b64/st64), with lanes of one wave overlapping (the later lane wins), waves of both
+# workgroups in one batch (each its own LDS), reads of another wave's bytes after a barrier, partial EXEC,
+# and lanes of wave 3 outside the LDS (writes dropped, reads 0): those last two run wave by wave
+LDS = """
+  v_lshlrev_b32 v20, 4, v0
+  v_mul_u32_u24 v21, 5, v0
+  v_add_u32 v21, 0x7000, v21
+  v_xor_b32 v24, v2, v0
+  v_add_u32 v24, s2, v24
+  v_xor_b32 v25, v3, v0
+  v_mul_u32_u24 v26, 3, v4
+  v_add_u32 v26, v26, v0
+  v_xor_b32 v27, v5, v24
+  v_and_b32 v28, 0xffffffe0, v20
+  v_add_u32 v29, 0x4000, v20
+  v_lshlrev_b32 v30, 2, v0
+  v_add_u32 v30, 0x5000, v30
+  v_add_u32 v31, 0x2000, v21
+  v_lshlrev_b32 v32, 2, v0
+  v_add_u32 v32, 0xfc18, v32
+  ds_write_b128 v20, v[24:27]
+  ds_write_b32 v28, v25 offset:8192
+  ds_write_b64 v20, v[26:27] offset:8200
+  ds_write2_b32 v29, v24, v25 offset0:1 offset1:3
+  ds_write2_b64 v29, v[26:27], v[24:25] offset0:0 offset1:1
+  ds_write2st64_b32 v30, v26, v27 offset0:0 offset1:16
+  ds_write_b8 v21, v24
+  ds_write_b16 v21, v25 offset:2
+  ds_write_b8_d16_hi v21, v26 offset:4
+  ds_write_b32 v31, v27
+  v_lshrrev_b32 v33, 6, v0
+  v_lshlrev_b32 v33, 3, v33
+  v_add_u32 v33, v31, v33
+  ds_write_b64 v33, v[24:25] offset:2048
+  ds_write_b16_d16_hi v31, v26 offset:4096
+  ds_write_b32 v32, v24
+  s_waitcnt lgkmcnt(0)
+  s_barrier
+  v_add_u32 v40, 64, v0
+  v_and_b32 v40, 0xff, v40
+  v_lshlrev_b32 v41, 4, v40
+  v_add_u32 v42, 0x4000, v41
+  v_lshlrev_b32 v43, 2, v40
+  v_add_u32 v43, 0x5000, v43
+  v_mul_u32_u24 v44, 5, v40
+  v_add_u32 v44, 0x7000, v44
+  v_add_u32 v45, 0x2000, v44
+  v_lshlrev_b32 v47, 3, v40
+  v_add_u32 v47, 0xb000, v47
+  v_mov_b32 v70, -1
+  v_mov_b32 v71, -1
+  ds_read_b128 v[50:53], v41
+  ds_read_b32 v54, v41 offset:8192
+  ds_read_b64 v[56:57], v41 offset:8200
+  ds_read2_b32 v[58:59], v42 offset0:1 offset1:3
+  ds_read2_b64 v[60:63], v42 offset0:0 offset1:1
+  ds_read2st64_b32 v[64:65], v43 offset0:0 offset1:16
+  ds_read_u8 v66, v44
+  ds_read_i8 v67, v44 offset:1
+  ds_read_u16 v68, v44 offset:2
+  ds_read_i16 v69, v44 offset:3
+  ds_read_u16_d16_hi v70, v44 offset:2
+  ds_read_u8_d16 v71, v44 offset:4
+  ds_read_b32 v72, v45
+  v_lshrrev_b32 v46, 6, v40
+  v_lshlrev_b32 v46, 3, v46
+  v_add_u32 v46, v45, v46
+  ds_read_b64 v[74:75], v46 offset:2048
+  ds_read_b96 v[76:78], v41
+  ds_read_b32 v79, v32
+  s_waitcnt lgkmcnt(0)
+  v_and_b32 v22, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 20, v22
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  ds_read_b32 v55, v41 offset:4
+  ds_write_b32 v41, v24 offset:4096
+  ds_write2_b32 v47, v24, v25 offset0:0 offset1:1
+  s_waitcnt lgkmcnt(0)
+  s_mov_b64 exec, s[32:33]
+  s_barrier
+  ds_read2_b32 v[80:81], v47 offset0:0 offset1:1
+  ds_read_b32 v82, v41 offset:4096
+  s_waitcnt lgkmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_lds_reads_and_writes_every_form(opts):
+    v, c, _ = _both(LDS, opts, slice(50, 83))
+    assert c["lds_read_bytes"] > 0 and c["lds_write_bytes"] > 0 and c["lds_bank_conflicts"] > 0
+    # wave 0 read wave 1's ds_write_b128 (thread t + 64); wave 3 (threads 192..) lanes past the LDS read 0
+    t = 64 + np.arange(64)
+    np.testing.assert_array_equal(v[0][0], _inputs()[t] ^ t)
+    tid = 192 + np.arange(64)
+    assert not v[3][29][4 * tid + 0xfc18 + 4 > 65536].any() and v[3][29][4 * tid + 0xfc18 + 4 <= 65536].any()
+    assert not v[1][5][:21].any() and v[1][5][21:].all()            # partial EXEC: old (0) outside
+    assert not np.array_equal(v[0], v[4])                           # the workgroups' LDS differ
+
+
+# every wave of a workgroup writes the same LDS bytes (a race: the race detector stays off): the last writer
+# wins, the same one both ways (without interleaving both ways run the waves in slot order)
+LDS_OVERLAP = """
+  v_and_b32 v20, 0x3f, v0
+  v_lshlrev_b32 v21, 2, v20
+  v_lshlrev_b32 v22, 10, v0
+  v_add_u32 v22, s2, v22
+  ds_write_b32 v21, v22
+  ds_write2_b32 v21, v0, v22 offset0:64 offset1:128
+  ds_write_b8 v20, v22 offset:1025
+  s_waitcnt lgkmcnt(0)
+  s_barrier
+  ds_read_b32 v30, v21
+  ds_read_u8 v31, v20 offset:1025
+  ds_read2_b32 v[32:33], v21 offset0:64 offset1:128
+  s_waitcnt lgkmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(sanitize={"waits", "hazards"})], ids=IDS[:2])
+def test_overlapping_lds_writes_last_wave_wins(opts):
+    v, _, _ = _both(LDS_OVERLAP, opts, slice(30, 34))
+    last = (192 + np.arange(64)) * 1024 + 1                 # wave 3 of workgroup 1
+    np.testing.assert_array_equal(v[4][0], last)
+    np.testing.assert_array_equal(v[4][1], last & 0xff)
+    np.testing.assert_array_equal(v[4][2], 192 + np.arange(64))
+    np.testing.assert_array_equal(v[4][3], last)
