@@ -27,6 +27,7 @@ import importlib
 import os
 import pkgutil
 import resource
+import sys
 import time
 
 LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
@@ -126,11 +127,22 @@ def release_caches() -> bool:
     held = [fn for fn in cached_functions() if fn.cache_info().currsize]
     for fn in held:
         fn.cache_clear()
+    release_workspaces()
     gc.unfreeze()
     gc.collect()
     trim()
     gc.freeze()  # what survived (modules, compiled kernels, ...): collect() no longer walks it
     return bool(held)
+
+
+def release_workspaces() -> None:
+    """Call every imported kernel package's `release_workspaces()` (the paged attention's split workspace: 264 MiB
+    for 64 query heads, 132 MiB for 8, all resident after an emulated run), so they stay only while their
+    shape's tests run."""
+    for name, module in list(sys.modules.items()):
+        release = vars(module).get("release_workspaces") if name.startswith("amd_kernels.") and module else None
+        if callable(release):
+            release()
 
 
 def collect() -> None:
