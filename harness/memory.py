@@ -6,12 +6,32 @@ tensors), so a TP1 MoE case holds only its prepared weights (1.7 GB, kept for th
 or `routed`: preparing costs ~20 s) and peaks at ~3.1-4.1 GiB in a process that ran other tests before
 (5.08 GiB in a whole-suite worker, ci10).
 conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this process only: xdist
-workers and a plain run alike) passes the limit, and releases the caches (and collects reference cycles)
-between tests that do not share their inputs. A test's peak includes what earlier tests left resident in the
-process (compiled kernels, the emulator's translations, attention workspaces: ~1-1.5 GiB late in a suite
-worker), which is why the limit stays above the 4 GiB goal. The decoder layer's weights (references.layer.build_layer_weights) hold the same
-lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the decode
-chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
+workers and a plain run alike) passes the limit, and between tests: where the next test takes other inputs,
+releases the caches (the references' lru_caches, the paged attention's split workspaces through the packages'
+release_workspaces()) and collects every reference cycle; where it shares them, collects the cycles made since
+(settle(); the long-lived objects are frozen, so this walk is cheap). A test's peak includes what earlier tests
+left resident in the process (compiled kernels, the emulator's translations and decoded code, freed but
+resident heap), which is why the limit stays above the 4 GiB goal. The decoder layer's weights
+(references.layer.build_layer_weights) hold the same lazy experts, so a TP1 layer chain holds the MoE's prepared
+weights, not the checkpoint beside them (the decode chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB
+with the eager checkpoint).
+
+What a worker kept and what a case holds (peak log, one process, `-n 0`, lists in .cache/mem5_*):
+- The emulator leaves each launch's waves in reference cycles (Wave, WaveSan, _Workgroup, LdsShadow: ~3,500
+  objects after a gemm case at one token, whose collection freed 0.06 GiB of RSS) that Python's collector
+  reaches only when the objects made since its last full pass number a quarter of all (0.4 M objects in a
+  test process: a full pass takes 0.6-1.4 s here); a worker so carried up to ~0.05 GiB more per test
+  through a shape's tests (2.08 -> 3.00 GiB over the h6144 norms of ci11). checks.py collects after each
+  emulated run and conftest after each test: gemm n2880_k512 at 1, 8, 16 tokens peaked 0.56, 0.61, 0.66 GiB
+  before, 0.53 each after.
+- A case (harness/checks.py Case.check) compares its three runs as they finish and keeps one run's outputs,
+  runs on the clean inputs when there are no padding rows, computes the reference of a sampled
+  `rows_independent` op on the compared rows only (the same bytes: reference(rows) == reference(all)[rows],
+  checked for every such op at 8192 tokens) and drops each fp32 copy once compared: fused_add_rmsnorm_mxfp8
+  h6144 at 8192 tokens peaked 2.66 GiB before, 1.14 after; rmsnorm h6144 1.97 -> 0.81; quant k4096 1.28 ->
+  0.78; gemm n2880_k512 1.45 -> 1.14 (same cosines to the last bit, same elements and rows checked).
+- The paged attention's workspace (264 MiB at 64 query heads, 132 at 8) is resident after an emulated
+  run and stayed for the rest of the worker; it now goes between shapes.
 
 AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB> <wall s> <CPU s>" per
 test that ran (setup to teardown; the CPU of this process and of the child processes it waited for, e.g. the
