@@ -27,7 +27,7 @@ def pytest_collection_finish(session):
     import gc
 
     gc.collect()
-    gc.freeze()  # the modules and collected items: harness.memory.collect() then walks only what tests add
+    gc.freeze()  # the modules and collected items: harness.memory.settle() then walks only what tests add
 
 
 def pytest_report_header(config):

@@ -136,7 +136,7 @@ def _run(entry, inputs: dict, *, order_seed: int | None, sample: dict):
     guard = emulator.guard(inputs) if SANITIZE else contextlib.nullcontext()
     with emulator.options(**opts), emulator.launches() as records, guard:
         outputs = entry(**inputs)
-    memory.collect()  # the run's cycles and freed heap pages, before the next run or the reference allocates
+    memory.trim()  # the run's freed heap pages, before the next run or the reference allocates
     return _as_tuple(outputs), list(records)
 
 

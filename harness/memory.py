@@ -21,8 +21,8 @@ What a worker kept and what a case holds (peak log, one process, `-n 0`, lists i
   objects after a gemm case at one token, whose collection freed 0.06 GiB of RSS) that Python's collector
   reaches only when the objects made since its last full pass number a quarter of all (0.4 M objects in a
   test process: a full pass takes 0.6-1.4 s here); a worker so carried up to ~0.05 GiB more per test
-  through a shape's tests (2.08 -> 3.00 GiB over the h6144 norms of ci11). checks.py collects after each
-  emulated run and conftest after each test: gemm n2880_k512 at 1, 8, 16 tokens peaked 0.56, 0.61, 0.66 GiB
+  through a shape's tests (2.08 -> 3.00 GiB over the h6144 norms of ci11). conftest collects after each
+  test: gemm n2880_k512 at 1, 8, 16 tokens peaked 0.56, 0.61, 0.66 GiB
   before, 0.53 each after.
 - A case (harness/checks.py Case.check) compares its three runs as they finish and keeps one run's outputs,
   runs on the clean inputs when there are no padding rows, computes the reference of a sampled
@@ -151,7 +151,7 @@ def release_caches() -> bool:
     gc.unfreeze()
     gc.collect()
     trim()
-    gc.freeze()  # what survived (modules, compiled kernels, ...): collect() no longer walks it
+    gc.freeze()  # what survived (modules, compiled kernels, ...): settle() no longer walks it
     return bool(held)
 
 
@@ -165,24 +165,14 @@ def release_workspaces() -> None:
             release()
 
 
-def collect() -> None:
-    """Collect the reference cycles made since the long-lived objects were last frozen (settle(),
-    release_caches()), and trim the heap. Cheap where they are frozen (a test process: conftest freezes them
-    after each test), so checks run it after every emulated launch; elsewhere (`harness run`) it only trims, as
-    a full walk of the ~0.4 M objects takes ~1 s.
+def settle() -> None:
+    """Between tests that share cached inputs: collect the reference cycles made since the last freeze (cheap:
+    the ~0.4 M long-lived objects are frozen, whose full walk takes 0.6-1.4 s here), freeze what survived, and
+    trim.
 
     The emulator leaves each launch's waves and workgroups in reference cycles, with their registers. Python's
     automatic full collection waits until the objects surviving since the last one number a quarter of all,
-    so without this a test worker kept them for many tests: a gemm case at 1-16 tokens left ~0.05 GiB more
-    each (measured: 0.56 -> 0.66 GiB peak over three cases; flat at 0.53 with it)."""
-    if gc.get_freeze_count():
-        gc.collect()
-    trim()
-
-
-def settle() -> None:
-    """Between tests that share cached inputs: collect the cycles the test left, then freeze what survived
-    (the next collect() walks only what comes after), and trim."""
+    so without this a test worker kept them for many tests (see the module docstring)."""
     gc.collect()
     gc.freeze()
     trim()
