@@ -23,6 +23,13 @@ def pytest_configure(config):
     memory.return_freed_memory()
 
 
+def pytest_collection_finish(session):
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the modules and collected items: harness.memory.settle() then walks only what tests add
+
+
 def pytest_report_header(config):
     dev = getattr(config, "_amd_kernels_device", None)
     return f"amd_kernels device: {dev.kind if dev else 'not set up'}"
@@ -79,7 +86,7 @@ def pytest_runtest_teardown(item, nextitem):
     if nextitem is None or not _shares_inputs(item, nextitem):
         memory.release_caches()
     else:
-        memory.trim()
+        memory.settle()
     if getattr(item, "_amd_kernels_ran", False):
         memory.log_peak(item.nodeid, peak, getattr(item, "_amd_kernels_clock", None))
     limit = memory.limit_mib()

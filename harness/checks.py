@@ -245,9 +245,13 @@ def _check_mutated(op, clean: dict, expected: dict, states: list, result: CaseRe
         result.padding_harmless &= torch.equal(got, _element_bytes(zero_padded[name]))
 
 
-def _reference_call(op, clean: dict, real: int) -> tuple:
-    """The reference on the real rows; its mutated arguments are copies: returns (outputs, {name: state})."""
-    real_inputs = {k: (v[:real] if k in op.row_inputs else v) for k, v in clean.items()}
+def _reference_call(op, clean: dict, real: int, rows: torch.Tensor | None = None) -> tuple:
+    """The reference on the real rows (rows: only those, an op with `rows_independent`); its mutated arguments
+    are copies: returns (outputs, {name: state})."""
+    def real_rows(v: torch.Tensor) -> torch.Tensor:
+        return v[:real] if rows is None else v[:real].index_select(0, rows)
+
+    real_inputs = {k: (real_rows(v) if k in op.row_inputs else v) for k, v in clean.items()}
     real_inputs.update({m: clean[m].clone() for m in op.mutates})
     return op.reference(**real_inputs), {m: real_inputs[m] for m in op.mutates}
 
@@ -304,26 +308,35 @@ class Case:
         rows = draw.sample(range(self.real), min(self.real, EMULATOR_SAMPLE_TOKENS))
         return dict(workgroup_filter=functools.partial(tokens_hook(self.package), frozenset(sorted(rows))))
 
-    def runs(self) -> tuple[dict, list]:
-        """The clean inputs and three runs: garbage padding, the same in another workgroup order / wave
-        interleaving, zero padding. Each run mutates its own copy of the op's mutated arguments (all three
-        start from the same bytes)."""
+    def runs(self):
+        """The three runs, each yielded as it finishes: garbage padding, the same in another workgroup order /
+        wave interleaving, zero padding. Each run mutates its own copy of the op's mutated arguments (all three
+        start from the same bytes). Only one set of padded inputs exists at a time; a case without padding
+        rows runs on the clean inputs themselves (the entry writes only the arguments in `mutates`)."""
         op, dev = self.op, devices.current().torch_device
-        clean = built_inputs(op, self.tokens, self.real, self.dims, self.seed)
         entry_name = self.package.entry_for_op(self.op_name)
 
         def inputs(garbage: bool) -> dict:
-            padded = fill_padding(clean, op.row_inputs, self.real, garbage, op.padding_values)
+            padded = self.clean
+            if self.real < self.tokens:
+                padded = fill_padding(self.clean, op.row_inputs, self.real, garbage, op.padding_values)
             return to_device(self.package.entry_inputs(entry_name, padded), dev)
 
-        garbage_in, zero_in = inputs(True), inputs(False)
         sample = self.emulator_options()
-        runs = []
-        for given, order_seed in ((garbage_in, None), (garbage_in, seed_of("order", self.seed)), (zero_in, None)):
-            given = _fresh(given, op.mutates)
-            outputs, records = _run(self.entry, given, order_seed=order_seed, sample=sample)
-            runs.append(Run(outputs, records, {m: given[m] for m in op.mutates}))
-        return clean, runs
+        given = inputs(True)
+        for order_seed, garbage in ((None, True), (seed_of("order", self.seed), True), (None, False)):
+            if not garbage:
+                del given
+                given = inputs(False)
+            fresh = _fresh(given, op.mutates)
+            outputs, records = _run(self.entry, fresh, order_seed=order_seed, sample=sample)
+            yield Run(outputs, records, {m: fresh[m] for m in op.mutates})
+            del outputs, records, fresh
+
+    @functools.cached_property
+    def clean(self) -> dict:
+        """The seeded inputs (built once; check() drops them when the reference no longer needs them)."""
+        return built_inputs(self.op, self.tokens, self.real, self.dims, self.seed)
 
     def checked(self, run: Run) -> tuple[list, bool]:
         """Per output, the elements a run's result is checked on (its real rows; of a sampled run only those
@@ -341,34 +354,66 @@ class Case:
         return masks, bool((real_rows & ~rows).any())
 
     def check(self) -> CaseResult:
+        """Run, compare the runs as they finish (only the first run's outputs are kept), then the reference
+        (on the compared rows only, for a sampled `rows_independent` op) and the cosines, freeing each
+        intermediate once used: the same comparisons on the same bytes, with less held at once."""
         op, real = self.op, self.real
-        clean, (first, second, zero_padded) = self.runs()
+        runs = self.runs()
+        first = next(runs)
         masks, sampled = self.checked(first)
         result = CaseResult(rows_real=real, launches=first.records, sampled=sampled, masks=masks)
+        second = next(runs)
         same_sets = all(torch.equal(a[:real], b[:real]) for a, b in zip(masks, self.checked(second)[0]))
         result.deterministic = same_sets and all(_same_masked(a, b, m)
                                                  for a, b, m in zip(first.outputs, second.outputs, masks))
+        states = [first.state, second.state]
+        del second
+        zero_padded = next(runs)
         result.padding_harmless = all(_same_masked(a, b, m)
                                       for a, b, m in zip(first.outputs, zero_padded.outputs, masks))
+        states.append(zero_padded.state)
+        del zero_padded, runs
 
-        outputs, expected_state = _reference_call(op, clean, real)
-        expected = op.to_float(outputs)
-        got = op.to_float(tuple(t.cpu()[:real] for t in first.outputs))
         real_masks = [m[:real] for m in masks]
+        rows = None  # the real rows computed and compared (None: all)
+        if op.rows_independent and self.sampling is not None and not op.mutates:
+            wanted = torch.zeros(real, dtype=torch.bool)
+            for m in real_masks:
+                if m.numel():
+                    wanted |= m.reshape(real, -1).any(dim=1)
+            if wanted.any():  # (no row: the reference runs on all, and the case fails as before)
+                rows = wanted.nonzero().flatten()
+                real_masks = [m.index_select(0, rows) for m in real_masks]
+        n_rows = real if rows is None else len(rows)
+        clean = self.clean
+        del self.clean  # the cached inputs: the reference's mutated arguments are its own copies
+        outputs, expected_state = _reference_call(op, clean, real, rows)
+        if not op.mutates:
+            del clean
+        expected = list(op.to_float(outputs))
+        del outputs
+        got = list(op.to_float(tuple(t.cpu()[:real] if rows is None else t.cpu()[:real].index_select(0, rows)
+                                     for t in first.outputs)))
+        del first
         # rows every output is checked on completely: the mask of a result that is not one raw output
-        full_rows = torch.ones(real, dtype=torch.bool)
+        full_rows = torch.ones(n_rows, dtype=torch.bool)
         for m in real_masks:
-            full_rows &= m.reshape(real, -1).all(dim=1) if m.numel() else full_rows
-        rows_any = torch.zeros(real, dtype=torch.bool)
-        for i, (name, g, e) in enumerate(zip(op.result_names, got, expected)):
+            full_rows &= m.reshape(n_rows, -1).all(dim=1) if m.numel() else full_rows
+        rows_any = torch.zeros(n_rows, dtype=torch.bool)
+        for i, name in enumerate(op.result_names[:min(len(got), len(expected))]):
+            g, e = got[i], expected[i]
+            got[i] = expected[i] = None  # each result's fp32 copies go once compared
             m = real_masks[i] if i < len(real_masks) and real_masks[i].shape == g.shape else None
             if m is None:
                 m = full_rows.reshape(-1, *([1] * (g.dim() - 1))).expand(g.shape)
-            result.cosines[name] = cosine(g[m], e[m])
+            # every element checked: the tensors themselves (g[m] would copy the same values in the same order)
+            result.cosines[name] = cosine(g, e) if bool(m.all()) else cosine(g[m], e[m])
             result.elements_checked[name] = int(m.sum())
-            rows_any |= m.reshape(real, -1).any(dim=1)
+            rows_any |= m.reshape(n_rows, -1).any(dim=1)
+            del g, e
         result.rows_checked = int(rows_any.sum())
-        _check_mutated(op, clean, expected_state, [r.state for r in (first, second, zero_padded)], result)
+        if op.mutates:
+            _check_mutated(op, clean, expected_state, states, result)
         return result
 
 

@@ -1,16 +1,41 @@
 """The test process's memory: its peak resident set per test, and releasing the references' cached inputs.
 
-The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's checkpoint is regenerated expert by
-expert where it is used (references.moe.LazyExperts; the routed MoE's builder holds the same lazy tensors), so a TP1
-MoE case holds only its prepared weights (1.7 GB, kept for the package's next case, `moe` or `routed`: preparing
-costs ~20 s) and peaks at ~3.1-4.1 GiB in a process that ran other tests before (5.08 GiB in a whole-suite worker,
-ci10). conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this process only: xdist
-workers and a plain run alike) passes the limit, and releases the caches (and collects reference cycles) between
-tests that do not share their inputs. A test's peak includes what earlier tests left resident in the process
-(compiled kernels, the emulator's translations, attention workspaces: ~1-1.5 GiB late in a suite worker), which is
-why the limit stays above the 4 GiB goal. The decoder layer's weights (references.layer.build_layer_weights) hold
-the same lazy experts, so a TP1 layer chain holds the MoE's prepared weights, not the checkpoint beside them (the
-decode chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB with the eager checkpoint).
+The whole suite runs in two xdist workers on a 24 GiB machine. The MoE builder's checkpoint is regenerated
+expert by expert where it is used (references.moe.LazyExperts; the routed MoE's builder holds the same lazy
+tensors), so a TP1 MoE case holds only its prepared weights (1.7 GB, kept for the package's next case, `moe`
+or `routed`: preparing costs ~20 s) and peaks at ~3.1-4.1 GiB in a process that ran other tests before
+(5.08 GiB in a whole-suite worker, ci10).
+conftest.py resets the peak before each test, fails a test whose peak (VmHWM, this process only: xdist
+workers and a plain run alike) passes the limit, and between tests: where the next test takes other inputs,
+releases the caches (the references' lru_caches, the paged attention's split workspaces through the packages'
+release_workspaces()) and collects every reference cycle; where it shares them, collects the cycles made since
+(settle(); the long-lived objects are frozen, so this walk is cheap). A test's peak includes what earlier tests
+left resident in the process (compiled kernels, the emulator's translations and decoded code, freed but
+resident heap), which is why the limit stays above the 4 GiB goal. The decoder layer's weights
+(references.layer.build_layer_weights) hold the same lazy experts, so a TP1 layer chain holds the MoE's prepared
+weights, not the checkpoint beside them (the decode chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB
+with the eager checkpoint).
+
+What a worker kept and what a case holds (peak log, one process, `-n 0`, lists in .cache/mem5_*):
+- The emulator leaves each launch's waves in reference cycles (Wave, WaveSan, _Workgroup, LdsShadow: ~3,500
+  objects after a gemm case at one token, whose collection freed 0.06 GiB of RSS) that Python's collector
+  reaches only when the objects made since its last full pass number a quarter of all (0.4 M objects in a
+  test process: a full pass takes 0.6-1.4 s here); a worker so carried up to ~0.05 GiB more per test
+  through a shape's tests (2.08 -> 3.00 GiB over the h6144 norms of ci11). conftest collects after each
+  test: gemm n2880_k512 at 1, 8, 16 tokens then peaked 0.56, 0.61, 0.66 GiB before, 0.57 each after.
+- A case (harness/checks.py Case.check) compares its three runs as they finish and keeps one run's outputs,
+  runs on the clean inputs when there are no padding rows, computes the reference of a sampled
+  `rows_independent` op on the compared rows only (the same bytes: reference(rows) == reference(all)[rows],
+  checked for every such op at 8192 tokens) and drops each fp32 copy once compared: fused_add_rmsnorm_mxfp8
+  h6144 at 8192 tokens peaked 2.66 GiB before, 1.14 after; rmsnorm h6144 1.97 -> 0.85; quant k4096 1.28 ->
+  0.78; gemm n2880_k512 1.45 -> 1.22 (same cosines to the last bit, same elements and rows checked).
+- The paged attention's workspace (264 MiB at 64 query heads, 132 at 8) is resident after an emulated
+  run and stayed for the rest of the worker; it now goes between shapes (the tests after the attention ones
+  in a sample of a worker's order: ~1.0 -> ~0.6 GiB).
+- test_unprepared_weights handed the MoE entry the lazy checkpoint w13, which the dispatch drew whole (1.06
+  GB at i2880) before the shape check rejected it; it now passes a never-written plain tensor of that shape:
+  3.12 -> 2.12 GiB in a fresh process.
+Not reduced yet: the TP1 MoE numerics cases (i2880), which hold their 1.7 GB of prepared weights and more.
 
 AMD_KERNELS_TEST_PEAK_LOG=<file> (off by default) appends "<test id> <pid> <peak KiB> <wall s> <CPU s>" per test
 that ran (setup to teardown; the CPU of this process and of the child processes it waited for, e.g. the 8 ranks of a
@@ -26,6 +51,7 @@ import importlib
 import os
 import pkgutil
 import resource
+import sys
 import time
 
 LIMIT_ENV = "AMD_KERNELS_TEST_RSS_LIMIT_MIB"
@@ -125,9 +151,35 @@ def release_caches() -> bool:
     held = [fn for fn in cached_functions() if fn.cache_info().currsize]
     for fn in held:
         fn.cache_clear()
+    release_workspaces()
+    gc.unfreeze()
     gc.collect()
     trim()
+    gc.freeze()  # what survived (modules, compiled kernels, ...): settle() no longer walks it
     return bool(held)
+
+
+def release_workspaces() -> None:
+    """Call every imported kernel package's `release_workspaces()` (the paged attention's split workspace: 264 MiB
+    for 64 query heads, 132 MiB for 8, all resident after an emulated run), so they stay only while their
+    shape's tests run."""
+    for name, module in list(sys.modules.items()):
+        release = vars(module).get("release_workspaces") if name.startswith("amd_kernels.") and module else None
+        if callable(release):
+            release()
+
+
+def settle() -> None:
+    """Between tests that share cached inputs: collect the reference cycles made since the last freeze (cheap:
+    the ~0.4 M long-lived objects are frozen, whose full walk takes 0.6-1.4 s here), freeze what survived, and
+    trim.
+
+    The emulator leaves each launch's waves and workgroups in reference cycles, with their registers. Python's
+    automatic full collection waits until the objects surviving since the last one number a quarter of all,
+    so without this a test worker kept them for many tests (see the module docstring)."""
+    gc.collect()
+    gc.freeze()
+    trim()
 
 
 def trim() -> None:

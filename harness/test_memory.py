@@ -209,3 +209,22 @@ def test_released_caches_take_what_a_caught_error_kept():
     finally:
         if enabled:
             gc.enable()
+
+
+def test_released_caches_drop_the_attention_workspaces():
+    """Between shapes the harness drops the paged attention's split workspace (264 MiB, resident once an emulated
+    run wrote it) through the package's release_workspaces(); the next call allocates it again."""
+    import importlib
+    import weakref
+
+    import torch
+
+    pkg = importlib.import_module("amd_kernels.attention.paged_q8_kv1_d64")
+    part_o, part_ml = pkg._built.workspace(torch.device("cpu"), 1)  # views of the one workspace
+    held = weakref.ref(part_o._base)
+    del part_o, part_ml
+    assert held() is not None  # the package keeps it between calls
+    memory.release_caches()
+    assert held() is None
+    assert pkg._built.workspace(torch.device("cpu"), 1)[0].shape[0] == 1
+    pkg.release_workspaces()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness import cases, checks, discovery
 from harness import device as devices
@@ -23,6 +24,12 @@ def test_checkpoint_layout_weight_names_the_argument_and_prepare_weights(shape):
     prepared = pkg.entry_inputs(name, raw)
     arg, ckpt = _CHECKPOINT_NAME[shape.kernel.split("/")[0]]
     assert prepared[arg].shape != raw[ckpt].shape  # otherwise this test could not tell them apart
-    broken = checks.to_device({**prepared, arg: raw[ckpt]}, devices.current().torch_device)
+    weight = raw[ckpt]
+    if type(weight) is not torch.Tensor:
+        # The MoE checkpoint is lazy (references.moe.LazyExperts): dispatching it would draw all of it (1.06 GB
+        # at i2880) only to be rejected by its shape. A plain tensor of its shape and dtype, as a caller's
+        # checkpoint is, never written: the entry must reject it before reading a byte.
+        weight = torch.empty(weight.shape, dtype=weight.dtype)
+    broken = checks.to_device({**prepared, arg: weight}, devices.current().torch_device)
     with pytest.raises((TypeError, ValueError), match=f"^{arg}: .*prepare_weights"):
         entry(**broken)

@@ -124,7 +124,7 @@ def _mx_as_float(outputs) -> tuple[torch.Tensor, ...]:
 
 OPS = (
     Op("mxfp8_gemm", mxfp8_gemm, build_gemm_inputs, _gemm_as_float, ("y",), COSINE_MIN, ("x", "x_scales"),
-       build_cancelling=build_gemm_cancelling_inputs),
+       build_cancelling=build_gemm_cancelling_inputs, rows_independent=True),
     Op("mxfp8_quant", mxfp8_quant, build_quant_inputs, _mx_as_float, ("out",), COSINE_MIN, ("x",),
-       build_special=build_quant_special_inputs),
+       build_special=build_quant_special_inputs, rows_independent=True),
 )

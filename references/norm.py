@@ -122,18 +122,21 @@ OPS = (
         _as_float, ("out",), COSINE_MIN, ("x",),
         build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=False),
         build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=False),
+        rows_independent=True,
     ),
     Op(
         "fused_add_rmsnorm", fused_add_rmsnorm, lambda t, d, s: build_inputs(t, d, s, with_residual=True),
         _as_float, ("out", "residual"), COSINE_MIN, ("x", "residual"),
         build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=True),
         build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=True),
+        rows_independent=True,
     ),
     Op(
         "rmsnorm_mxfp8", rmsnorm_mxfp8, lambda t, d, s: build_inputs(t, d, s, with_residual=False),
         _mx_as_float, ("out",), COSINE_MIN, ("x",),
         build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=False),
         build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=False),
+        rows_independent=True,
     ),
     Op(
         "fused_add_rmsnorm_mxfp8", fused_add_rmsnorm_mxfp8,
@@ -141,5 +144,6 @@ OPS = (
         _mx_as_float, ("out", "residual"), COSINE_MIN, ("x", "residual"),
         build_cancelling=lambda t, d, s: build_wide_inputs(t, d, s, with_residual=True),
         build_special=lambda t, d, s: build_special_inputs(t, d, s, with_residual=True),
+        rows_independent=True,
     ),
 )

@@ -36,6 +36,10 @@ class Op:
     # sub-batch's rows 0, 1, ... are): ops whose batch is a list of sequences declare it, and the harness
     # checks batch invariance with it.
     sub_batch: Callable | None = None
+    # The reference and to_float compute each token row from that row of the row inputs alone (the other
+    # inputs shared), bitwise the same whatever other rows come with it: the harness may then compute them on
+    # the rows it compares only (a sampled emulator case), not on every row of the batch.
+    rows_independent: bool = False
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

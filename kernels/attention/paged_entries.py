@@ -102,6 +102,12 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
         part_ml = ws[part_o_elems:].view(kd.part_ml_shape(chunk, Hkv, max_splits))[:sequences]
         return part_o, part_ml
 
+    def release_workspaces() -> None:
+        """Drop every device's workspace; the next call allocates its device's again (a new pointer). For a
+        process that stops calling the entry for a while (the test harness, between shapes); a server keeps
+        it, as graph capture recorded its pointer."""
+        workspaces.clear()
+
     def outputs(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_table, sinks, sliding_window,
                 cache_dtype=torch.bfloat16):
         """The checks and the output, shared by the entry and its fake (host.custom_op). The value checks
@@ -221,4 +227,5 @@ def build(package: str, shape_token: str, kv_heads: int, max_splits: int, min_sp
     op.max_tokens = op_fp8.max_tokens = max_tokens
     return SimpleNamespace(VARIANTS=table, paged_attention=op, paged_attention_fp8=op_fp8,
                            emulator_workgroups=emulator_workgroups, workspace=workspace,
+                           release_workspaces=release_workspaces,
                            workspace_bytes=(part_o_elems + part_ml_elems) * 4)

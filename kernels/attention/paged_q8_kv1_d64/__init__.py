@@ -16,3 +16,4 @@ VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 paged_attention = _built.paged_attention
 paged_attention_fp8 = _built.paged_attention_fp8
 emulator_workgroups = _built.emulator_workgroups
+release_workspaces = _built.release_workspaces  # the split workspace, allocated again by the next call
