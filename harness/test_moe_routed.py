@@ -3,8 +3,9 @@ package's `route`, then the MoE package's `moe` (route launch + four MoE launche
 sizes three launches: the router split over experts with the activation quantization and the sort, by
 tickets, in the first; gate-up; down with the combine folded in: mxfp4_moe/fused.py). The routed call runs
 under the sanitizer and the memory guard, in a seeded workgroup order (the tickets pick other last
-workgroups). Token counts: 1; the TP8 gate-up tier edge (small_m | full at 5 | 6); a router tile edge (17 =
-16 + 1: two tiles, the second holding one real row). Heavy (emulated MoE calls): run this file alone,
+workgroups). Token counts: 1; the TP8 gate-up tier edge (small_m | full at 5 | 6: CI runs 6, AMD_KERNELS_FULL=1
+also 5; test_kernels' routed cases at 4 tokens run small_m); a router tile edge (17 = 16 + 1: two tiles, the
+second holding one real row). Heavy (emulated MoE calls): run this file alone,
 without -n."""
 
 from __future__ import annotations

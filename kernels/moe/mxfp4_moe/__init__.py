@@ -1,4 +1,5 @@
-"""MXFP8-activation x MXFP4-weight MoE: four FlyDSL launches (three in the routed entry), built per shape (h, IP, E, top-k, activation).
+"""MXFP8-activation x MXFP4-weight MoE: four FlyDSL launches (three in the routed entry), built per shape
+(h, IP, E, top-k, activation).
 
 One file per launch; `build()` below puts them together with the host side (variant choice, workspace,
 launch arguments). The per-shape numbers are computed once in geometry.py; common.py holds the device
@@ -48,7 +49,7 @@ import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import combine, down, fused, gate_up, prefill, quant_sort, sampling
+from amd_kernels.moe.mxfp4_moe import combine, down, fused, gate_up, prefill, quant_sort, route_quant_sort, sampling
 from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
@@ -147,7 +148,11 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         return example_args
 
     # The routed entry's launches (fused.py): the router, quant and sort in one, the combine folded into down.
-    fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes)
+    # A shape the router launch cannot split (route_quant_sort.routable) has none: its routed entry runs the
+    # router's own launch, then the MoE's.
+    fused_variants, fused_launch_args = {}, None
+    if route_quant_sort.routable(geo):
+        fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes)
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            fused_variants=fused_variants, fused_launch_args=fused_launch_args,

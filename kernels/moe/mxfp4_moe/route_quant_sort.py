@@ -56,9 +56,14 @@ def _ticket(tickets, index):
 _ticket = ASTRewriter.transform(_ticket)
 
 
+def routable(geo) -> bool:
+    """Can this launch route the shape: K in 32-column MFMA steps, whole 16-expert blocks, top_k <= 8?"""
+    return geo.hidden % 32 == 0 and geo.experts % EBLK == 0 and geo.top_k <= 8
+
+
 def make(geo):
     hidden, experts, top_k = geo.hidden, geo.experts, geo.top_k
-    if hidden % 32 or experts % EBLK or top_k > 8:
+    if not routable(geo):
         raise ValueError(f"router: hidden {hidden} (multiple of 32), experts {experts} (of 16), top_k {top_k} "
                          f"(<= 8)")
     nblk = experts // EBLK
