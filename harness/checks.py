@@ -224,13 +224,12 @@ def _element_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8).reshape(*t.shape, t.element_size())
 
 
-def _check_mutated(op, clean: dict, expected: dict, states: list, result: CaseResult) -> None:
-    """The op's mutated arguments after the entry (states: three runs) against the reference's (expected).
+def _check_mutated(op, clean: dict, expected: dict, first: dict, result: CaseResult) -> None:
+    """The op's mutated arguments after the entry's first run (`first`) against the reference's (expected).
 
     Elements the reference changed ("written") must reach the op's cosine; every other byte must keep its
-    value before the call (the builder fills unused parts with garbage, so a stray write shows); the three
-    runs must leave the same bytes (determinism; padding rows write nothing)."""
-    first, second, zero_padded = states
+    value before the call (the builder fills unused parts with garbage, so a stray write shows). Whether the
+    runs left the same bytes is Case.check's comparison of the runs."""
     for name in op.mutates:
         before, want, got = _element_bytes(clean[name]), _element_bytes(expected[name]), _element_bytes(first[name])
         written = (want != before).any(-1)
@@ -241,8 +240,6 @@ def _check_mutated(op, clean: dict, expected: dict, states: list, result: CaseRe
         g, e = first[name].detach().cpu().float(), expected[name].detach().cpu().float()
         result.cosines[f"{name} written"] = cosine(g[written], e[written])
         result.elements_checked[f"{name} written"] = int(written.sum())
-        result.deterministic &= torch.equal(got, _element_bytes(second[name]))
-        result.padding_harmless &= torch.equal(got, _element_bytes(zero_padded[name]))
 
 
 def _reference_call(op, clean: dict, real: int, rows: torch.Tensor | None = None) -> tuple:
@@ -309,29 +306,35 @@ class Case:
         return dict(workgroup_filter=functools.partial(tokens_hook(self.package), frozenset(sorted(rows))))
 
     def runs(self):
-        """The three runs, each yielded as it finishes: garbage padding, the same in another workgroup order /
-        wave interleaving, zero padding. Each run mutates its own copy of the op's mutated arguments (all three
-        start from the same bytes). Only one set of padded inputs exists at a time; a case without padding
-        rows runs on the clean inputs themselves (the entry writes only the arguments in `mutates`)."""
+        """The runs, each yielded as it finishes: (1) garbage padding; (2) another workgroup order / wave
+        interleaving, with zero padding where the case has padding rows; (3) only when check() asks, after (2)
+        differed from (1): garbage padding in (2)'s order, which tells an order dependence from a padding
+        leak. Each run mutates its own copy of the op's mutated arguments (all start from the same bytes).
+        Only one set of padded inputs exists at a time; a case without padding rows runs on the clean inputs
+        themselves (the entry writes only the arguments in `mutates`)."""
         op, dev = self.op, devices.current().torch_device
         entry_name = self.package.entry_for_op(self.op_name)
 
         def inputs(garbage: bool) -> dict:
             padded = self.clean
-            if self.real < self.tokens:
+            if self.padded:
                 padded = fill_padding(self.clean, op.row_inputs, self.real, garbage, op.padding_values)
             return to_device(self.package.entry_inputs(entry_name, padded), dev)
 
-        sample = self.emulator_options()
-        given = inputs(True)
-        for order_seed, garbage in ((None, True), (seed_of("order", self.seed), True), (None, False)):
-            if not garbage:
+        sample, other_order = self.emulator_options(), seed_of("order", self.seed)
+        given, garbage_given = inputs(True), True
+        for order_seed, garbage in ((None, True), (other_order, not self.padded), (other_order, True)):
+            if garbage != garbage_given:
                 del given
-                given = inputs(False)
+                given, garbage_given = inputs(garbage), garbage
             fresh = _fresh(given, op.mutates)
             outputs, records = _run(self.entry, fresh, order_seed=order_seed, sample=sample)
             yield Run(outputs, records, {m: fresh[m] for m in op.mutates})
             del outputs, records, fresh
+
+    @property
+    def padded(self) -> bool:
+        return self.real < self.tokens
 
     @functools.cached_property
     def clean(self) -> dict:
@@ -362,17 +365,22 @@ class Case:
         first = next(runs)
         masks, sampled = self.checked(first)
         result = CaseResult(rows_real=real, launches=first.records, sampled=sampled, masks=masks)
-        second = next(runs)
-        same_sets = all(torch.equal(a[:real], b[:real]) for a, b in zip(masks, self.checked(second)[0]))
-        result.deterministic = same_sets and all(_same_masked(a, b, m)
-                                                 for a, b, m in zip(first.outputs, second.outputs, masks))
-        states = [first.state, second.state]
-        del second
-        zero_padded = next(runs)
-        result.padding_harmless = all(_same_masked(a, b, m)
-                                      for a, b, m in zip(first.outputs, zero_padded.outputs, masks))
-        states.append(zero_padded.state)
-        del zero_padded, runs
+
+        def same(a: Run, b: Run) -> bool:  # the same elements checked, with the same bytes, and mutated args
+            return (all(torch.equal(x[:real], y[:real]) for x, y in zip(masks, self.checked(b)[0]))
+                    and all(_same_masked(x, y, m) for x, y, m in zip(a.outputs, b.outputs, masks))
+                    and all(torch.equal(_element_bytes(a.state[n]), _element_bytes(b.state[n])) for n in op.mutates))
+
+        second = next(runs)  # another order (and zero padding): equal bytes show both properties at once
+        if not same(first, second):
+            if self.padded:  # which one failed: the third run differs from the first only by its order
+                third = next(runs)
+                result.deterministic, result.padding_harmless = same(first, third), same(third, second)
+                del third
+            else:
+                result.deterministic = False
+        first_state = first.state
+        del second, runs
 
         real_masks = [m[:real] for m in masks]
         rows = None  # the real rows computed and compared (None: all)
@@ -413,7 +421,7 @@ class Case:
             del g, e
         result.rows_checked = int(rows_any.sum())
         if op.mutates:
-            _check_mutated(op, clean, expected_state, states, result)
+            _check_mutated(op, clean, expected_state, first_state, result)
         return result
 
 

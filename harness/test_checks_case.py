@@ -5,11 +5,14 @@ where it may (emulator, above sample_above_tokens, an op that mutates no argumen
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harness import cases, checks, discovery
 from harness import device as devices
+from references import OPS
 
 PACKAGES = discovery.discover()
 
@@ -38,3 +41,49 @@ def test_a_case_samples_only_where_it_may():
     moe = _case("moe/mxfp4_h2880_i384_e128_top4", "moe_mxfp4_gptoss", 64, 57)
     rows = moe.emulator_options()["workgroup_filter"].args[0]
     assert len(rows) == checks.EMULATOR_SAMPLE_TOKENS and max(rows) < 57
+
+
+def _torch_case(entry, tokens: int, real: int) -> checks.Case:
+    """A rmsnorm case whose entry is plain torch (no launch): the check path's comparisons alone."""
+    shape = next(s for s in cases.op_shapes() if s.op == "rmsnorm")
+    package = SimpleNamespace(entry_for_op=lambda op: "entry", entry_inputs=lambda name, inputs: inputs,
+                              sample_above_tokens=tokens, workgroups="")
+    return checks.Case(package, entry, "rmsnorm", shape.dims, tokens, real, 0)
+
+
+def _reference(**inputs) -> torch.Tensor:
+    (out,) = OPS["rmsnorm"].reference(**inputs)
+    return out.to(torch.bfloat16)
+
+
+def test_a_sound_entry_passes_in_two_runs():
+    calls = []
+    result = _torch_case(lambda **k: calls.append(1) or _reference(**k), 8, 5).check()
+    assert result.failures(0.999) == [] and len(calls) == 2
+
+
+@pytest.mark.skipif(not devices.current().emulated, reason="a seeded workgroup order is the emulator's")
+def test_an_order_dependent_entry_is_caught():
+    from harness.emulator import runtime
+
+    def entry(**inputs):  # under another workgroup order one element moves by one ulp
+        out = _reference(**inputs).clone()
+        if runtime.current_options().get("workgroup_order_seed") is not None:
+            out[0, 0] = torch.nextafter(out[0, 0], out[0, 0] + 1)
+        return out
+
+    for tokens, real in ((8, 5), (8, 8)):
+        result = _torch_case(entry, tokens, real).check()
+        assert not result.deterministic and result.padding_harmless, (tokens, real)
+        assert "two runs gave different bytes" in result.failures(0.999)
+
+
+def test_a_padding_leak_is_caught_and_told_from_order():
+    def entry(**inputs):  # row 0 reads the last (padding) row
+        out = _reference(**inputs).clone()
+        out[0, 0] += inputs["x"][-1].float().abs().max().to(out.dtype)
+        return out
+
+    result = _torch_case(entry, 8, 5).check()
+    assert result.deterministic and not result.padding_harmless
+    assert "garbage in graph-padding rows changed real rows" in result.failures(0.999)
