@@ -2,7 +2,9 @@
 
 - cosine of each result against the reference >= the op's threshold (real rows only);
 - bitwise determinism: a second run gives the same bytes (under the emulator, with another workgroup order);
-- padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged;
+- padding rows harmless: garbage in the graph-padding rows leaves the real rows' bytes unchanged (the second
+  run has zero padding where the first had garbage, so equal bytes show both; a third run, only when they
+  differ, tells which failed);
 - no compile after warm-up (compile_watch records every FlyDSL trace);
 - batch invariance (check_batch_invariance): a row's bits alone equal its bits first or last in batches on
   both sides of every tier edge, on realistic inputs and on the op's build_cancelling inputs;
@@ -11,12 +13,12 @@
 - sequence invariance (ops with `Op.sub_batch`, a batch of sequences): a few sequences give the same output bits
   alone as inside the padded batch (check_sequence_invariance).
 An op whose reference writes arguments in place (`Op.mutates`, e.g. a KV cache) also has them compared: the
-elements the reference wrote reach the op's cosine, every other byte keeps its value, and the three runs
+elements the reference wrote reach the op's cosine, every other byte keeps its value, and the runs
 leave the same bytes; such ops run unsampled on the emulator.
-One path checks every case (`Case.check`): build the seeded inputs, run the entry three times, ask the
-case's sampling kind which output elements to check (`Case.checked`), compare. On the emulator, large
-launches of kernels whose workgroups each own a block of rows (kernel.toml `workgroups = "rows"`) or write
-output tiles independently (`workgroups = "tiles"`) execute a seeded sample of workgroups; then only the
+One path checks every case (`Case.check`): build the seeded inputs, run the entry twice (three times to tell
+two failures apart), ask the case's sampling kind which output elements to check (`Case.checked`), compare.
+On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
+`workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample of workgroups; then only the
 rows those workgroups own ("rows") or exactly the output bytes they stored ("tiles", from each
 LaunchRecord's stored intervals) are checked, and the result says so. Multi-launch pipelines whose
 workgroups follow data (`workgroups = "tokens"`, e.g. MoE tiles of sorted tokens) run a seeded sample of

@@ -183,7 +183,7 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
-JOB_MEMORY_GIB = 6  # what one emulator worker may hold (a TP1 MoE case: prepared weights, inputs, three runs)
+JOB_MEMORY_GIB = 6  # what one emulator worker may hold (a TP1 MoE case: prepared weights, inputs, two runs)
 
 
 def default_jobs(emulated: bool) -> int:

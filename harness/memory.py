@@ -23,7 +23,7 @@ What a worker kept and what a case holds (peak log, one process, `-n 0`, lists i
   test process: a full pass takes 0.6-1.4 s here); a worker so carried up to ~0.05 GiB more per test
   through a shape's tests (2.08 -> 3.00 GiB over the h6144 norms of ci11). conftest collects after each
   test: gemm n2880_k512 at 1, 8, 16 tokens then peaked 0.56, 0.61, 0.66 GiB before, 0.57 each after.
-- A case (harness/checks.py Case.check) compares its three runs as they finish and keeps one run's outputs,
+- A case (harness/checks.py Case.check) compares its runs as they finish and keeps one run's outputs,
   runs on the clean inputs when there are no padding rows, computes the reference of a sampled
   `rows_independent` op on the compared rows only (the same bytes: reference(rows) == reference(all)[rows],
   checked for every such op at 8192 tokens) and drops each fp32 copy once compared: fused_add_rmsnorm_mxfp8
