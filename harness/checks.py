@@ -15,16 +15,16 @@
 An op whose reference writes arguments in place (`Op.mutates`, e.g. a KV cache) also has them compared: the
 elements the reference wrote reach the op's cosine, every other byte keeps its value, and the runs
 leave the same bytes; such ops run unsampled on the emulator.
-One path checks every case (`Case.check`): build the seeded inputs, run the entry twice (three times to tell
-two failures apart), ask the case's sampling kind which output elements to check (`Case.checked`), compare.
-On the emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml
-`workgroups = "rows"`) or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample of workgroups; then only the
-rows those workgroups own ("rows") or exactly the output bytes they stored ("tiles", from each
-LaunchRecord's stored intervals) are checked, and the result says so. Multi-launch pipelines whose
-workgroups follow data (`workgroups = "tokens"`, e.g. MoE tiles of sorted tokens) run a seeded sample of
-token rows: the package's `emulator_workgroups(tokens, kernel, grid, pointers, read)` names each launch's
-workgroups those rows need, and the output bytes stored are checked as for "tiles". The kinds are data
-(SAMPLINGS): the grid axis holding token blocks, or the package hook, and what a sampled run checks.
+One path checks every case (`Case.check`): build the seeded inputs, run the entry twice (three times to tell two
+failures apart), ask the case's sampling kind which output elements to check (`Case.checked`), compare. On the
+emulator, large launches of kernels whose workgroups each own a block of rows (kernel.toml `workgroups = "rows"`)
+or write output tiles independently (`workgroups = "tiles"`) execute a seeded sample of workgroups; then only the
+rows those workgroups own ("rows") or exactly the output bytes they stored ("tiles", from each LaunchRecord's
+stored intervals) are checked, and the result says so. Multi-launch pipelines whose workgroups follow data
+(`workgroups = "tokens"`, e.g. MoE tiles of sorted tokens) run a seeded sample of token rows: the package's
+`emulator_workgroups(tokens, kernel, grid, pointers, read)` names each launch's workgroups those rows need, and the
+output bytes stored are checked as for "tiles". The kinds are data (SAMPLINGS): the grid axis holding token blocks,
+or the package hook, and what a sampled run checks.
 
 On the emulator every run is also sanitized (harness/emulator/sanitizer.py): missing s_waitcnt, MFMA results
 read too early, LDS races between waves, accesses outside the tensors the entry receives or creates, and
