@@ -75,7 +75,8 @@ def _patch_flydsl_error_path() -> None:
 
 
 def install() -> None:
-    """Build/load the HIP shim before FlyDSL's runtime, register callbacks, target gfx950. Idempotent."""
+    """Build/load the HIP shim before FlyDSL's runtime, register callbacks, target gfx950, and run torch's
+    host ops on one thread. Idempotent."""
     global _installed
     if _installed:
         return
@@ -88,6 +89,12 @@ def install() -> None:
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     _patch_flydsl_error_path()
+    # Emulated work runs in parallel as processes (pytest-xdist workers, `harness run --jobs`, the ranks), so
+    # torch's intra-op threads only contend with them: the OpenMP team spins for a core another process holds.
+    # One TP8 MoE case beside a busy core: 34 -> 15 CPU-s with one thread (OMP_NUM_THREADS=1).
+    import torch
+
+    torch.set_num_threads(1)
     _installed = True
 
 
