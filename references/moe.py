@@ -67,10 +67,7 @@ real rows.
 from __future__ import annotations
 
 import functools
-import hashlib
-import math
 
-import numpy as np
 import torch
 
 from references.mx import MX_BLOCK, mxfp8_dequantize, mxfp8_quantize
@@ -253,66 +250,63 @@ def _draw_normal(shape, std, gen) -> torch.Tensor:
     return (std * torch.randn(*shape, generator=gen)).to(torch.bfloat16)
 
 
-# uint8 tensors are drawn in blocks of this many rows of one expert, each from its own seeded generator: any
-# expert's rows are drawn without the others' (a TP shard's rows, the routed experts), and nothing is drawn
-# to reach them.
-ROW_BLOCK = 256
-
-
-def _key_seed(seed: int, *key) -> int:
-    return int.from_bytes(hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest(), "little")
-
-
-def _draw_codes(seed: int, name: str, shape: tuple, low: int, high: int, lo: int, hi: int, r0: int,
-                r1: int) -> torch.Tensor:
-    """Rows [r0, r1) of experts [lo, hi) of the uint8 tensor `name` [E, n, ...], uniform in [low, high): each
-    ROW_BLOCK rows of an expert from numpy's PCG64 seeded by (seed, name, expert, first row) (4x torch's
-    randint here, which matters at ~1 GB a checkpoint)."""
-    out = torch.empty((max(0, hi - lo), max(0, r1 - r0), *shape[2:]), dtype=torch.uint8)
-    if _faking():  # shapes only (the harness's hollow inputs)
-        return out
-    tail = tuple(shape[2:])
-    for e in range(lo, hi):
-        for b in range(r0 // ROW_BLOCK * ROW_BLOCK, r1, ROW_BLOCK):
-            n = min(ROW_BLOCK, shape[1] - b)
-            gen = np.random.Generator(np.random.PCG64(_key_seed(seed, name, e, b)))
-            rows = (np.frombuffer(gen.bytes(n * math.prod(tail)), dtype=np.uint8).reshape(n, *tail)
-                    if (low, high) == (0, 256) else gen.integers(low, high, size=(n, *tail), dtype=np.uint8))
-            a, z = max(b, r0), min(b + n, r1)
-            out[e - lo, a - r0:z - r0] = torch.from_numpy(rows[a - b:z - b].copy())
-    return out
-
-
-def _normal_generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(_key_seed(seed, name) >> 1)
-
-
 @functools.lru_cache(maxsize=1)
 def _weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> dict:
     """Expert weights in checkpoint layout, seeded by the shape only: every token count of one shape
     sees the same model (and the builder is fast after the first call)."""
+    gen = torch.Generator().manual_seed(seed)
     w = {}
     for name, kind, shape, *args in _weight_plan(hidden, inter, experts, biases):
         if kind == "codes":
-            w[name] = _draw_codes(seed, name, shape, args[0], args[1], 0, shape[0], 0, shape[1])
+            w[name] = torch.randint(args[0], args[1], shape, dtype=torch.uint8, generator=gen)
         else:
-            w[name] = _draw_normal(shape, args[0], _normal_generator(seed, name))
+            w[name] = _draw_normal(shape, args[0], gen)
     return w
 
 
 class _WeightStream:
-    """_weights' draws, replayable per expert and row block (_draw_codes), and the small bf16 biases whole."""
+    """_weights' draws replayable per expert: the generator's state before every ROW_BLOCK rows of each expert
+    of each uint8 tensor (5 KB each; randint draws one 32-bit number per byte, in order, so bytes drawn from a
+    recorded state are the same bytes as that part of the whole tensor), and the small bf16 biases whole. Made
+    in one pass over the draws (~4 s at gpt-oss TP1), holding a row block at a time. Row blocks let a TP
+    shard's w13 rows be drawn without the other ranks' rows (TP8 shards start at multiples of 768 rows)."""
+
+    ROW_BLOCK = 256
 
     def __init__(self, hidden, inter, experts, biases, seed):
-        self.seed = seed
+        gen = torch.Generator().manual_seed(seed)
         self.plan = {p[0]: p for p in _weight_plan(hidden, inter, experts, biases)}
-        self.whole = {name: _draw_normal(shape, args[0], _normal_generator(seed, name))
-                      for name, kind, shape, *args in self.plan.values() if kind == "normal"}
+        self.states, self.whole = {}, {}
+        for name, kind, shape, *args in self.plan.values():
+            if kind == "normal":
+                self.whole[name] = _draw_normal(shape, args[0], gen)
+                continue
+            rows = shape[1]
+            buf = torch.empty((self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8)
+            self.states[name] = [[] for _ in range(shape[0])]
+            for e in range(shape[0]):
+                for r in range(0, rows, self.ROW_BLOCK):
+                    self.states[name][e].append(gen.get_state())
+                    n = min(self.ROW_BLOCK, rows - r)
+                    torch.randint(args[0], args[1], (n, *shape[2:]), dtype=torch.uint8, generator=gen, out=buf[:n])
 
     def draw(self, name: str, lo: int, hi: int, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """Rows [r0, r1) of experts [lo, hi) of tensor `name`, bit for bit _weights(...)[name][lo:hi, r0:r1]."""
         _, _, shape, low, high = self.plan[name]
-        return _draw_codes(self.seed, name, shape, low, high, lo, hi, r0, shape[1] if r1 is None else r1)
+        r1 = shape[1] if r1 is None else r1
+        gen = torch.Generator()
+        if lo >= hi or r0 >= r1:
+            return torch.empty((max(0, hi - lo), max(0, r1 - r0), *shape[2:]), dtype=torch.uint8)
+        if r0 == 0 and r1 == shape[1]:  # whole experts: one run of draws
+            gen.set_state(self.states[name][lo][0])
+            return torch.randint(low, high, (hi - lo, *shape[1:]), dtype=torch.uint8, generator=gen)
+        block = r0 // self.ROW_BLOCK
+        out = torch.empty((hi - lo, r1 - r0, *shape[2:]), dtype=torch.uint8)
+        for e in range(lo, hi):  # each expert from the state before its first wanted row block
+            gen.set_state(self.states[name][e][block])
+            rows = torch.randint(low, high, (r1 - block * self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8, generator=gen)
+            out[e - lo] = rows[r0 - block * self.ROW_BLOCK:]
+        return out
 
 
 _aten = torch.ops.aten
