@@ -368,16 +368,20 @@ class Case:
         masks, sampled = self.checked(first)
         result = CaseResult(rows_real=real, launches=first.records, sampled=sampled, masks=masks)
 
-        def same(a: Run, b: Run) -> bool:  # the same elements checked, with the same bytes, and mutated args
-            return (all(torch.equal(x[:real], y[:real]) for x, y in zip(masks, self.checked(b)[0]))
+        # two runs agree: the same elements checked, the same bytes in them, the same mutated arguments
+        def same(a: Run, a_masks: list, b: Run, b_masks: list) -> bool:
+            return (all(torch.equal(x[:real], y[:real]) for x, y in zip(a_masks, b_masks))
                     and all(_same_masked(x, y, m) for x, y, m in zip(a.outputs, b.outputs, masks))
                     and all(torch.equal(_element_bytes(a.state[n]), _element_bytes(b.state[n])) for n in op.mutates))
 
         second = next(runs)  # another order (and zero padding): equal bytes show both properties at once
-        if not same(first, second):
+        second_masks = self.checked(second)[0]
+        if not same(first, masks, second, second_masks):
             if self.padded:  # which one failed: the third run differs from the first only by its order
                 third = next(runs)
-                result.deterministic, result.padding_harmless = same(first, third), same(third, second)
+                third_masks = self.checked(third)[0]
+                result.deterministic = same(first, masks, third, third_masks)
+                result.padding_harmless = same(third, third_masks, second, second_masks)
                 del third
             else:
                 result.deterministic = False

@@ -76,7 +76,7 @@ def _patch_flydsl_error_path() -> None:
 
 def install() -> None:
     """Build/load the HIP shim before FlyDSL's runtime, register callbacks, target gfx950, and run torch's
-    host ops on one thread. Idempotent."""
+    host ops on one thread (unless OMP_NUM_THREADS says otherwise). Idempotent."""
     global _installed
     if _installed:
         return
@@ -91,10 +91,11 @@ def install() -> None:
     _patch_flydsl_error_path()
     # Emulated work runs in parallel as processes (pytest-xdist workers, `harness run --jobs`, the ranks), so
     # torch's intra-op threads only contend with them: the OpenMP team spins for a core another process holds.
-    # One TP8 MoE case beside a busy core: 34 -> 15 CPU-s with one thread (OMP_NUM_THREADS=1).
-    import torch
+    # One TP8 MoE case beside a busy core: 34 -> 15 CPU-s with one thread. OMP_NUM_THREADS, when set, decides.
+    if not os.environ.get("OMP_NUM_THREADS"):
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
     _installed = True
 
 
