@@ -126,7 +126,7 @@ def test_buffer_memory_report_names_the_same_wave(interleave, access):
 
 
 # per-wave operands (16 bytes per thread from the input), MFMAs with VGPR and constant accumulators, two
-# scale forms, and one unscaled FP4 one; each wave's registers differ
+# scale forms, one unscaled FP4 one and two bf16 ones; each wave's registers differ
 MFMA = """
   v_lshlrev_b32 v50, 4, v0
   global_load_dwordx4 v[60:63], v50, s[20:21]
@@ -141,14 +141,17 @@ MFMA = """
   v_mfma_scale_f32_16x16x128_f8f6f4 v[80:83], v[60:67], v[68:75], 0, v76, v77 op_sel_hi:[0,0,0]
   v_mfma_scale_f32_16x16x128_f8f6f4 v[88:91], v[60:67], v[68:75], v[84:87], v77, v76 op_sel:[1,0,0] op_sel_hi:[0,1,0]
   v_mfma_f32_16x16x128_f8f6f4 v[92:95], v[60:63], v[68:71], v[84:87] cbsz:4 blgp:4
+  v_mfma_f32_16x16x32_bf16 v[96:99], v[60:63], v[64:67], v[84:87]
+  v_mfma_f32_32x32x16_bf16 v[100:115], v[68:71], v[72:75], 0
   s_nop 15
 """
 
 
 @pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
 def test_mfma_group_gathers_each_waves_operands(opts):
-    v, c, _ = _both(MFMA, opts, slice(80, 96))
-    assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8}
+    v, c, _ = _both(MFMA, opts, slice(80, 116))
+    assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8,
+                         "v_mfma_f32_16x16x32_bf16": 8, "v_mfma_f32_32x32x16_bf16": 8}
     assert not np.array_equal(v[0], v[1])          # the waves computed different things
 
 
