@@ -382,8 +382,7 @@ def _byte_decoder(mnemonic: str, fmt: str, which: str):
     """(nregs, decode, decode_many): decode(regs (nregs, 64) uint32, C-contiguous) -> the operand matrix of
     exact float64 values (copies of numerics' decode-table entries, NaN bits too); decode_many(regs (waves,
     nregs, 64) uint32, C-contiguous) -> (waves, matrix size) the same values per wave; None (see
-    _gather_plan / _half_plan). decode_many looks the table up by fancy indexing, not np.take: take first
-    converts a large narrow-integer index array to intp, several times slower at a group's size."""
+    _gather_plan / _half_plan)."""
     f = _form(mnemonic)
     shape = (f.M, f.K) if which == "a" else (f.K, f.N)
     if fmt in ("bf16", "f16"):
@@ -393,7 +392,7 @@ def _byte_decoder(mnemonic: str, fmt: str, which: str):
         nregs, half_index = hplan
         lut = _lut16(fmt)
         return (nregs, lambda regs: lut.take(regs.view(np.uint16).reshape(-1).take(half_index)).reshape(shape),
-                lambda regs: lut[regs.view(np.uint16).reshape(regs.shape[0], -1).take(half_index, axis=1)])
+                lambda regs: lut.take(regs.view(np.uint16).reshape(regs.shape[0], -1).take(half_index, axis=1)))
     plan = _gather_plan(mnemonic, fmt, which)
     if plan is None:
         return None
@@ -404,8 +403,8 @@ def _byte_decoder(mnemonic: str, fmt: str, which: str):
         return regs.view(np.uint8).reshape(regs.shape[0], -1)
     if numerics.WIDTH[fmt] == 8:
         return (nregs, lambda regs: lut.take(regs.view(np.uint8).reshape(-1).take(byte_index)).reshape(shape),
-                lambda regs: lut[raw(regs).take(byte_index, axis=1)])
-    many = lambda regs: lut[(raw(regs).take(byte_index, axis=1) >> shift) & 0xF]    # noqa: E731
+                lambda regs: lut.take(raw(regs).take(byte_index, axis=1)))
+    many = lambda regs: lut.take((raw(regs).take(byte_index, axis=1) >> shift) & 0xF)    # noqa: E731
     if (byte_index[0::2] == byte_index[1::2]).all() and not shift[0::2].any() and (shift[1::2] == 4).all():
         # FP4 with both nibbles of each byte adjacent in the matrix (A): decode byte -> value pair
         pair = np.ascontiguousarray(np.stack([lut[np.arange(256) & 0xF], lut[np.arange(256) >> 4]], axis=1))
