@@ -186,17 +186,20 @@ def ds_read_tr_sources(bits: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ds_read_tr(bits: int, chunks: np.ndarray) -> np.ndarray:
-    """Apply ds_read_b64_tr_b{bits}: chunks (64, 8) uint8 = the 8 bytes each lane addressed -> (64, 8) uint8
-    = the 8 bytes each lane receives (its 2 destination dwords, little-endian)."""
-    chunks = np.asarray(chunks, np.uint8).reshape(4, 16, 8)
+    """Apply ds_read_b64_tr_b{bits}: chunks (..., 64, 8) uint8 = the 8 bytes each lane addressed -> (..., 64, 8)
+    uint8 = the 8 bytes each lane receives (its 2 destination dwords, little-endian); leading axes: waves
+    (lockstep), each transposed on its own."""
+    chunks = np.asarray(chunks, np.uint8)
+    lead = chunks.shape[:-2]
+    chunks = chunks.reshape(lead + (4, 16, 8))
     src_lane, src_elem = ds_read_tr_sources(bits)
     if bits in (8, 16):
-        el = chunks.view(np.uint8 if bits == 8 else np.uint16)             # (4, 16, E)
-        return np.ascontiguousarray(el[:, src_lane, src_elem]).view(np.uint8).reshape(64, 8)
+        el = chunks.view(np.uint8 if bits == 8 else np.uint16)             # (..., 4, 16, E)
+        return np.ascontiguousarray(el[..., src_lane, src_elem]).view(np.uint8).reshape(lead + (64, 8))
     if bits == 4:
-        nib = np.stack([chunks & 0xF, chunks >> 4], axis=-1).reshape(4, 16, 16)
-        out = nib[:, src_lane, src_elem].reshape(4, 16, 8, 2)
-        return (out[..., 0] | (out[..., 1] << 4)).astype(np.uint8).reshape(64, 8)
+        nib = np.stack([chunks & 0xF, chunks >> 4], axis=-1).reshape(lead + (4, 16, 16))
+        out = nib[..., src_lane, src_elem].reshape(lead + (4, 16, 8, 2))
+        return (out[..., 0] | (out[..., 1] << 4)).astype(np.uint8).reshape(lead + (64, 8))
     raise ValueError(f"ds_read_b64_tr_b{bits} does not exist")
 
 

@@ -413,6 +413,48 @@ def test_lds_reads_and_writes_every_form(opts):
     assert not np.array_equal(v[0], v[4])                           # the workgroups' LDS differ
 
 
+# ds_read_b64_tr_b16/b8/b4 (transposing LDS reads) of another wave's bytes after a barrier; lanes of wave 3
+# outside the LDS (they read 0) and partial EXEC run wave by wave
+LDS_TR = """
+  v_lshlrev_b32 v20, 4, v0
+  v_xor_b32 v24, v2, v0
+  v_add_u32 v24, s2, v24
+  v_xor_b32 v25, v3, v0
+  v_mul_u32_u24 v26, 3, v4
+  v_add_u32 v26, v26, v0
+  v_xor_b32 v27, v5, v24
+  ds_write_b128 v20, v[24:27]
+  ds_write_b128 v20, v[24:27] offset:61440
+  s_waitcnt lgkmcnt(0)
+  s_barrier
+  v_add_u32 v40, 64, v0
+  v_and_b32 v40, 0xff, v40
+  v_lshlrev_b32 v41, 3, v40
+  v_lshlrev_b32 v43, 3, v0
+  v_add_u32 v43, 0xfa00, v43
+  ds_read_b64_tr_b16 v[50:51], v41
+  ds_read_b64_tr_b8 v[52:53], v41 offset:2048
+  ds_read_b64_tr_b4 v[54:55], v41 offset:1032
+  ds_read_b64_tr_b16 v[56:57], v43
+  s_waitcnt lgkmcnt(0)
+  v_and_b32 v22, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 20, v22
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  ds_read_b64_tr_b16 v[58:59], v41 offset:512
+  s_waitcnt lgkmcnt(0)
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_lds_transposing_reads(opts):
+    v, c, _ = _both(LDS_TR, opts, slice(50, 60))
+    assert c["lds_read_bytes"] > 0
+    assert v[0][0].any() and not np.array_equal(v[0], v[1])         # the waves read different bytes
+    assert not v[3][6].any() and v[2][6].any()                      # wave 3's lanes past the LDS read 0
+    assert not v[1][8][:21].any() and v[1][8][21:].any()            # partial EXEC: old (0) outside
+
+
 # every wave of a workgroup writes the same LDS bytes (a race: the race detector stays off): the last writer
 # wins, the same one both ways (without interleaving both ways run the waves in slot order)
 LDS_OVERLAP = """
