@@ -128,14 +128,18 @@ def test_bank_conflict_cache_matches_fresh_count(seed):
         assert c.lds_bank_conflicts == C._bank_conflicts(a, nbytes)
 
 
-def test_intervals_batched_merge_is_the_union():
+@pytest.mark.parametrize("compact_at,span,align", [(C._COMPACT_AT, 1 << 14, 1), (40, 1 << 14, 1), (40, 1 << 18, 4)])
+def test_intervals_batched_merge_is_the_union(compact_at, span, align, monkeypatch):
+    """Dense random accesses, and sparse dword-aligned ones (touching intervals that must join, gaps),
+    merged in batches (40: a merge every access or two): the union, as a byte map gives it."""
+    monkeypatch.setattr(C, "_COMPACT_AT", compact_at)
     rng = np.random.default_rng(7)
     iv = C._Intervals()
     d = C._DistinctDwords()
-    covered = np.zeros(1 << 14, bool)
+    covered = np.zeros(span, bool)
     for _ in range(3000):
         nbytes = int(rng.choice([1, 2, 4, 8, 16]))
-        a = rng.integers(0, (1 << 14) - 16, int(rng.integers(1, 65)))
+        a = rng.integers(0, span - 16, int(rng.integers(1, 65))) // align * align
         iv.add(a.astype(np.uint64), nbytes)
         d.add(a, nbytes)
         for x in a:
