@@ -36,16 +36,22 @@ class _Intervals:
         a = np.concatenate([p[0] for p in self._pending])
         nb = np.repeat(np.array([p[1] for p in self._pending], np.int64), [len(p[0]) for p in self._pending])
         shift = self._shift
-        runs = np.stack([a >> shift, ((a + nb - 1) >> shift) + 1], axis=1)
-        iv = np.concatenate([self._merged, runs])
         self._pending, self._n = [], 0
-        iv = iv[np.argsort(iv[:, 0], kind="stable")]
-        ends = np.maximum.accumulate(iv[:, 1])
-        new = np.ones(len(iv), bool)
-        new[1:] = iv[1:, 0] > ends[:-1]
-        starts = iv[new, 0]
-        group_end = np.maximum.reduceat(iv[:, 1], np.nonzero(new)[0]) if len(iv) else np.zeros(0, np.int64)
-        self._merged = np.stack([starts, group_end], axis=1) if len(iv) else np.zeros((0, 2), np.int64)
+        # The union from the starts and the ends each sorted on its own (two plain sorts, no argsort): with
+        # both sorted, the first i+1 intervals by start all end by the (i+1)-th smallest end, so a merged
+        # interval closes there exactly when the next start lies beyond it (touching intervals join).
+        s = np.concatenate([self._merged[:, 0], a >> shift])
+        e = np.concatenate([self._merged[:, 1], ((a + nb - 1) >> shift) + 1])
+        if not len(s):
+            return
+        s.sort()
+        e.sort()
+        gap = s[1:] > e[:-1]
+        first = np.empty(len(s), bool)
+        first[0], first[1:] = True, gap
+        last = np.empty(len(e), bool)
+        last[-1], last[:-1] = True, gap
+        self._merged = np.stack([s[first], e[last]], axis=1)
 
     def array(self) -> np.ndarray:
         self._compact()

@@ -186,17 +186,20 @@ def ds_read_tr_sources(bits: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ds_read_tr(bits: int, chunks: np.ndarray) -> np.ndarray:
-    """Apply ds_read_b64_tr_b{bits}: chunks (64, 8) uint8 = the 8 bytes each lane addressed -> (64, 8) uint8
-    = the 8 bytes each lane receives (its 2 destination dwords, little-endian)."""
-    chunks = np.asarray(chunks, np.uint8).reshape(4, 16, 8)
+    """Apply ds_read_b64_tr_b{bits}: chunks (..., 64, 8) uint8 = the 8 bytes each lane addressed -> (..., 64, 8)
+    uint8 = the 8 bytes each lane receives (its 2 destination dwords, little-endian); leading axes: waves
+    (lockstep), each transposed on its own."""
+    chunks = np.asarray(chunks, np.uint8)
+    lead = chunks.shape[:-2]
+    chunks = chunks.reshape(lead + (4, 16, 8))
     src_lane, src_elem = ds_read_tr_sources(bits)
     if bits in (8, 16):
-        el = chunks.view(np.uint8 if bits == 8 else np.uint16)             # (4, 16, E)
-        return np.ascontiguousarray(el[:, src_lane, src_elem]).view(np.uint8).reshape(64, 8)
+        el = chunks.view(np.uint8 if bits == 8 else np.uint16)             # (..., 4, 16, E)
+        return np.ascontiguousarray(el[..., src_lane, src_elem]).view(np.uint8).reshape(lead + (64, 8))
     if bits == 4:
-        nib = np.stack([chunks & 0xF, chunks >> 4], axis=-1).reshape(4, 16, 16)
-        out = nib[:, src_lane, src_elem].reshape(4, 16, 8, 2)
-        return (out[..., 0] | (out[..., 1] << 4)).astype(np.uint8).reshape(64, 8)
+        nib = np.stack([chunks & 0xF, chunks >> 4], axis=-1).reshape(lead + (4, 16, 16))
+        out = nib[..., src_lane, src_elem].reshape(lead + (4, 16, 8, 2))
+        return (out[..., 0] | (out[..., 1] << 4)).astype(np.uint8).reshape(lead + (64, 8))
     raise ValueError(f"ds_read_b64_tr_b{bits} does not exist")
 
 
@@ -318,12 +321,13 @@ def execute(mnemonic: str, a, b, c, mods: dict) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- fast path
 #
-# The same arithmetic as execute(), for the forms the MoE / GEMM kernels run (f8f6f4 with FP8/BF8/FP4
-# operands, scaled or not), with the per-call layout work done once per instruction: the register bytes
-# are gathered straight into matrix order with a precomputed index and decoded with one table lookup
-# (np.take, faster than fancy indexing here). Every array that reaches a floating-point operation has the same values, shape and
-# memory layout (strides) as in execute(), so numpy runs the same loops and results are bitwise equal,
-# NaN payloads and signs included (test_mfma.py::test_fast_path_bitwise checks it).
+# The same arithmetic as execute(), for the forms the kernels run (f8f6f4 with FP8/BF8/FP4 operands, scaled
+# or not; bf16 / f16 / fp8 / bf8 ones: attention, GEMMs), with the per-call layout work done once per
+# instruction: the register bytes (halfwords for 16-bit formats) are gathered straight into matrix order
+# with a precomputed index and decoded with one table lookup (np.take, faster than fancy indexing here).
+# Every array that reaches a floating-point operation has the same values, shape and memory layout
+# (strides) as in execute(), so numpy runs the same loops and results are bitwise equal, NaN payloads and
+# signs included (test_mfma.py::test_fast_path_bitwise, test_fast_path_float_forms check it).
 
 @lru_cache(maxsize=None)
 def _gather_plan(mnemonic: str, fmt: str, which: str):
@@ -350,25 +354,67 @@ def _gather_plan(mnemonic: str, fmt: str, which: str):
 
 
 @lru_cache(maxsize=None)
+def _half_plan(mnemonic: str, fmt: str, which: str):
+    """_gather_plan for 16-bit elements (bf16 / f16 forms): (nregs, half_index) with element i = the
+    register file's halfword half_index[i] (the (nregs, 64) uint32 rows viewed as uint16, register-major);
+    None when the layout does not hold every matrix element exactly once."""
+    f = _form(mnemonic)
+    nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
+    if width != 16:
+        return None
+    flat = (outer * f.K + k if which == "a" else k * f.N + outer).ravel()
+    size = f.M * f.K if which == "a" else f.K * f.N
+    if flat.size != size or np.unique(flat).size != size:
+        return None
+    lane = np.arange(64)[:, None]
+    e = np.arange(k.shape[1])[None, :]
+    src = ((e // 2) * 128 + 2 * lane + e % 2).ravel()       # element e: register e // 2, half e % 2
+    half_index = np.empty(size, np.intp)
+    half_index[flat] = src
+    return nregs, half_index
+
+
+@lru_cache(maxsize=None)
+def _lut16(fmt: str) -> np.ndarray:
+    """decode64 of every 16-bit code (bf16 / f16): a table lookup gives decode64's bits element by element."""
+    return numerics.decode64(fmt, np.arange(1 << 16, dtype=np.uint32))
+
+
+@lru_cache(maxsize=None)
 def _byte_decoder(mnemonic: str, fmt: str, which: str):
-    """(nregs, decode): decode(regs (nregs, 64) uint32, C-contiguous) -> the operand matrix of exact
-    float64 values (copies of numerics' decode-table entries, NaN bits too); None (see _gather_plan)."""
+    """(nregs, decode, decode_many): decode(regs (nregs, 64) uint32, C-contiguous) -> the operand matrix of
+    exact float64 values (copies of numerics' decode-table entries, NaN bits too); decode_many(regs (waves,
+    nregs, 64) uint32, C-contiguous) -> (waves, matrix size) the same values per wave; None (see
+    _gather_plan / _half_plan)."""
+    f = _form(mnemonic)
+    shape = (f.M, f.K) if which == "a" else (f.K, f.N)
+    if fmt in ("bf16", "f16"):
+        hplan = _half_plan(mnemonic, fmt, which)
+        if hplan is None:
+            return None
+        nregs, half_index = hplan
+        lut = _lut16(fmt)
+        return (nregs, lambda regs: lut.take(regs.view(np.uint16).reshape(-1).take(half_index)).reshape(shape),
+                lambda regs: lut.take(regs.view(np.uint16).reshape(regs.shape[0], -1).take(half_index, axis=1)))
     plan = _gather_plan(mnemonic, fmt, which)
     if plan is None:
         return None
     nregs, byte_index, shift = plan
-    f = _form(mnemonic)
-    shape = (f.M, f.K) if which == "a" else (f.K, f.N)
     lut = numerics._LUT64[fmt]
+
+    def raw(regs):
+        return regs.view(np.uint8).reshape(regs.shape[0], -1)
     if numerics.WIDTH[fmt] == 8:
-        return nregs, lambda regs: lut.take(regs.view(np.uint8).reshape(-1).take(byte_index)).reshape(shape)
+        return (nregs, lambda regs: lut.take(regs.view(np.uint8).reshape(-1).take(byte_index)).reshape(shape),
+                lambda regs: lut.take(raw(regs).take(byte_index, axis=1)))
+    many = lambda regs: lut.take((raw(regs).take(byte_index, axis=1) >> shift) & 0xF)    # noqa: E731
     if (byte_index[0::2] == byte_index[1::2]).all() and not shift[0::2].any() and (shift[1::2] == 4).all():
         # FP4 with both nibbles of each byte adjacent in the matrix (A): decode byte -> value pair
         pair = np.ascontiguousarray(np.stack([lut[np.arange(256) & 0xF], lut[np.arange(256) >> 4]], axis=1))
         first = byte_index[0::2].copy()
-        return nregs, lambda regs: pair.take(regs.view(np.uint8).reshape(-1).take(first), axis=0).reshape(shape)
+        return nregs, lambda regs: pair.take(regs.view(np.uint8).reshape(-1).take(first), axis=0).reshape(shape), many
     return nregs, lambda regs: lut.take((regs.view(np.uint8).reshape(-1).take(byte_index) >> shift) & 0xF
-                                        ).reshape(shape)
+                                        ).reshape(shape), many
 
 
 @lru_cache(maxsize=None)
@@ -385,9 +431,10 @@ def _cd_gather(M: int):
 def fast_executor(mnemonic: str, mods: dict):
     """A function (a, b, c, scale_a, scale_b) -> D equal bit for bit to execute() for this instruction's
     static modifiers (scale_a / scale_b: the scale VGPRs, uint32 (64,), ignored when unscaled), or None
-    when the form has no fast path (then call execute())."""
+    when the form has no fast path (then call execute()). Forms: f8f6f4 (scaled or not) and the float
+    bf16 / f16 / fp8 / bf8 forms, square, f32 out."""
     f = _form(mnemonic)
-    if not f.f8f6f4 or f.out != "f32" or f.M != f.N:
+    if f.out != "f32" or f.M != f.N:
         return None
     try:
         _check_mods(f, mods)
@@ -397,7 +444,7 @@ def fast_executor(mnemonic: str, mods: dict):
     pa, pb = _byte_decoder(mnemonic, fa, "a"), _byte_decoder(mnemonic, fb, "b")
     if pa is None or pb is None:
         return None
-    (na, dec_a), (nb, dec_b) = pa, pb
+    (na, dec_a, many_a), (nb, dec_b, many_b) = pa, pb
     M, N, K = f.M, f.N, f.K
     perm_c = _cd_gather(M)
     row, col = _cd_layout(M)
@@ -434,24 +481,13 @@ def fast_executor(mnemonic: str, mods: dict):
 
     # The same for several waves at once (lockstep): the element-wise steps over a leading wave axis, the
     # products one wave at a time (the same 2-D matmul as run, so the same bits).
-    plan_a, plan_b = _gather_plan(mnemonic, fa, "a"), _gather_plan(mnemonic, fb, "b")
-
-    def decode_many(raw, fmt, plan):
-        _, byte_index, shift = plan
-        lut = numerics._LUT64[fmt]
-        if numerics.WIDTH[fmt] == 8:
-            return lut.take(raw.take(byte_index, axis=1))
-        return lut.take((raw.take(byte_index, axis=1) >> shift) & 0xF)
-
     def many(a, b, c, scale_a=None, scale_b=None):
         """a, b, c: (waves, regs, 64) uint32; scale_a / scale_b: (waves, 64) -> (waves, nc, 64), or None."""
         if a.shape[1] < na or b.shape[1] < nb or _ab_layout is not layout:
             return None
         nw = a.shape[0]
-        A = decode_many(np.ascontiguousarray(a[:, :na], np.uint32).view(np.uint8).reshape(nw, -1), fa,
-                        plan_a).reshape(nw, M, K)
-        B = decode_many(np.ascontiguousarray(b[:, :nb], np.uint32).view(np.uint8).reshape(nw, -1), fb,
-                        plan_b).reshape(nw, K, N)
+        A = many_a(np.ascontiguousarray(a[:, :na], np.uint32)).reshape(nw, M, K)
+        B = many_b(np.ascontiguousarray(b[:, :nb], np.uint32)).reshape(nw, K, N)
         C = np.ascontiguousarray(c[:, :nc], np.uint32).reshape(nw, -1).take(perm_c, axis=1).reshape(nw, M, N)
         if scaled:
             # run's scaled operands for every wave at once: exact products (powers of two), C-ordered as

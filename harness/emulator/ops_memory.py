@@ -1035,13 +1035,37 @@ def _ds_read_tr(inst, ctx, ops, offset, bits):
     counters = ctx.counters
     drow, arow = row_of(ops[0], acc), row_of(ops[1], acc)
 
+    dmask = _vmask(drow, 2)
+
     def h(w):
         act = _active(w)
         a = w.v[arow].astype(np.int64) + offset
         res = mfma.ds_read_tr(bits, _lds_load_bytes(w, a, 8)).view(U32)   # (64, 2) dwords per lane
-        counters.lds_access(a[act], 8, write=False)
+        if act is not _ALL:
+            a = a[act]
+        counters.lds_access(a, 8, write=False)
 
         def apply():
-            w.v[drow: drow + 2, act] = res[act].T
-        _deliver(w, "lds", _vmask(drow, 2), apply, (False, _lds_idx(a[act], 8)) if w.san is not None else None)
+            if act is _ALL:
+                w.v[drow: drow + 2] = res.T
+            else:
+                w.v[drow: drow + 2, act] = res[act].T
+        _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, 8)) if w.san is not None else None)
+
+    def group(waves):
+        """Lockstep: one gather over the group's workgroups and one transpose over the wave axis; results
+        and race records delivered wave by wave (partial EXEC or an address outside the LDS: wave by wave)."""
+        g = _lds_group(waves, arow, (offset,), 8)
+        if g is None:
+            return _one_by_one(h, waves)
+        _, a, f, flat = g
+        res = mfma.ds_read_tr(bits, _lds_gather(flat, f[:, 0], 8)).view(U32)      # (W, 64, 2)
+        for k in range(len(waves)):
+            counters.lds_access(a[k, 0], 8, write=False)
+
+        def put(w, r):
+            w.v[drow: drow + 2] = r.T
+        applies = [lambda w=w, r=res[k]: put(w, r) for k, w in enumerate(waves)]
+        _lds_deliver(waves, dmask, applies, a[:, 0], 8, False)
+    h.group = group
     return h

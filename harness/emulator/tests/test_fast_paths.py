@@ -2,7 +2,8 @@
 
 - MemoryMap.check's one-range shortcut and clean_read against the per-lane search (reports included);
 - LDS bank conflicts cached by lane pattern against a fresh computation;
-- distinct-address intervals merged in batches against merging every access at once.
+- distinct-address intervals merged in batches against merging every access at once;
+- LdsShadow.access's epoch shortcuts against the plain race check (reports and shadow state).
 (The MFMA fast path is checked bit for bit in test_mfma.py::test_fast_path_bitwise.)
 """
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.emulator import counters as C
-from harness.emulator.sanitizer import MemoryMap, SanitizerError
+from harness.emulator.sanitizer import LdsShadow, MemoryMap, SanitizerError
 
 
 def _reference_check(mm, a, nbytes, lanes, read, write):
@@ -127,14 +128,18 @@ def test_bank_conflict_cache_matches_fresh_count(seed):
         assert c.lds_bank_conflicts == C._bank_conflicts(a, nbytes)
 
 
-def test_intervals_batched_merge_is_the_union():
+@pytest.mark.parametrize("compact_at,span,align", [(C._COMPACT_AT, 1 << 14, 1), (40, 1 << 14, 1), (40, 1 << 18, 4)])
+def test_intervals_batched_merge_is_the_union(compact_at, span, align, monkeypatch):
+    """Dense random accesses, and sparse dword-aligned ones (touching intervals that must join, gaps),
+    merged in batches (40: a merge every access or two): the union, as a byte map gives it."""
+    monkeypatch.setattr(C, "_COMPACT_AT", compact_at)
     rng = np.random.default_rng(7)
     iv = C._Intervals()
     d = C._DistinctDwords()
-    covered = np.zeros(1 << 14, bool)
+    covered = np.zeros(span, bool)
     for _ in range(3000):
         nbytes = int(rng.choice([1, 2, 4, 8, 16]))
-        a = rng.integers(0, (1 << 14) - 16, int(rng.integers(1, 65)))
+        a = rng.integers(0, span - 16, int(rng.integers(1, 65))) // align * align
         iv.add(a.astype(np.uint64), nbytes)
         d.add(a, nbytes)
         for x in a:
@@ -183,3 +188,70 @@ def test_all_in_range_many_is_all_in_range_per_wave(seed):
                     np.testing.assert_array_equal(many[k], one)
             seen |= set(whole.tolist())
     assert seen == {True, False}
+
+
+def _reference_lds_access(sh, wave, idx, write, what):
+    """LdsShadow.access as it was before its epoch shortcuts: every check on every access."""
+    idx = idx[(idx >= 0) & (idx < sh.size)]
+    if not idx.size:
+        return
+    e = sh.epoch
+    other_w = (sh.w_epoch[idx] == e) & (sh.w_wave[idx] != wave)
+    bit = np.uint64(1 << wave)
+    if write:
+        other_r = (sh.r_epoch[idx] == e) & ((sh.r_mask[idx] & ~bit) != 0)
+        bad = other_w | other_r
+        if bad.any():
+            j = int(np.argmax(bad))
+            if other_w[j]:
+                who = f"written by wave {int(sh.w_wave[idx[j]])}"
+            else:
+                m = int(sh.r_mask[idx[j]]) & ~(1 << wave)
+                who = f"read by wave {(m & -m).bit_length() - 1}"
+            raise SanitizerError("lds-race", f"{what} writes LDS byte {int(idx[j])}, {who} with no s_barrier "
+                                             f"in between")
+        sh.w_wave[idx] = wave
+        sh.w_epoch[idx] = e
+    else:
+        if other_w.any():
+            j = int(np.argmax(other_w))
+            raise SanitizerError("lds-race", f"{what} reads LDS byte {int(idx[j])}, written by wave "
+                                             f"{int(sh.w_wave[idx[j]])} with no s_barrier in between")
+        stale = sh.r_epoch[idx] != e
+        if stale.any():
+            s = idx[stale]
+            sh.r_mask[s] = 0
+            sh.r_epoch[s] = e
+        sh.r_mask[idx] = sh.r_mask[idx] | bit
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lds_shadow_shortcuts_are_the_plain_check(seed):
+    """Random access streams (waves 0..7 reading and writing overlapping bytes, duplicates, indices outside
+    the LDS, barriers between some accesses): the same report at the same access, the same shadow after."""
+    rng = np.random.default_rng(seed)
+    size = 96
+    for stream in range(40):
+        fast, plain = LdsShadow(size), LdsShadow(size)
+        for step in range(60):
+            if rng.random() < 0.15:
+                fast.epoch += 1
+                plain.epoch += 1
+            wave = int(rng.integers(0, 8))
+            write = bool(rng.random() < 0.4)
+            start = int(rng.integers(-8, size))
+            idx = (start + rng.integers(0, 1 + int(rng.integers(1, 24)), int(rng.integers(0, 20)))).astype(np.int64)
+            got = want = None
+            try:
+                fast.access(wave, idx.copy(), write, "op")
+            except SanitizerError as e:
+                got = str(e)
+            try:
+                _reference_lds_access(plain, wave, idx.copy(), write, "op")
+            except SanitizerError as e:
+                want = str(e)
+            assert got == want, (stream, step)
+            for f in ("w_wave", "w_epoch", "r_mask", "r_epoch"):
+                assert np.array_equal(getattr(fast, f), getattr(plain, f)), (stream, step, f)
+            if got is not None:
+                break

@@ -126,7 +126,7 @@ def test_buffer_memory_report_names_the_same_wave(interleave, access):
 
 
 # per-wave operands (16 bytes per thread from the input), MFMAs with VGPR and constant accumulators, two
-# scale forms, and one unscaled FP4 one; each wave's registers differ
+# scale forms, one unscaled FP4 one and two bf16 ones; each wave's registers differ
 MFMA = """
   v_lshlrev_b32 v50, 4, v0
   global_load_dwordx4 v[60:63], v50, s[20:21]
@@ -141,14 +141,17 @@ MFMA = """
   v_mfma_scale_f32_16x16x128_f8f6f4 v[80:83], v[60:67], v[68:75], 0, v76, v77 op_sel_hi:[0,0,0]
   v_mfma_scale_f32_16x16x128_f8f6f4 v[88:91], v[60:67], v[68:75], v[84:87], v77, v76 op_sel:[1,0,0] op_sel_hi:[0,1,0]
   v_mfma_f32_16x16x128_f8f6f4 v[92:95], v[60:63], v[68:71], v[84:87] cbsz:4 blgp:4
+  v_mfma_f32_16x16x32_bf16 v[96:99], v[60:63], v[64:67], v[84:87]
+  v_mfma_f32_32x32x16_bf16 v[100:115], v[68:71], v[72:75], 0
   s_nop 15
 """
 
 
 @pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
 def test_mfma_group_gathers_each_waves_operands(opts):
-    v, c, _ = _both(MFMA, opts, slice(80, 96))
-    assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8}
+    v, c, _ = _both(MFMA, opts, slice(80, 116))
+    assert c["mfma"] == {"v_mfma_scale_f32_16x16x128_f8f6f4": 16, "v_mfma_f32_16x16x128_f8f6f4": 8,
+                         "v_mfma_f32_16x16x32_bf16": 8, "v_mfma_f32_32x32x16_bf16": 8}
     assert not np.array_equal(v[0], v[1])          # the waves computed different things
 
 
@@ -408,6 +411,48 @@ def test_lds_reads_and_writes_every_form(opts):
     assert not v[3][29][4 * tid + 0xfc18 + 4 > 65536].any() and v[3][29][4 * tid + 0xfc18 + 4 <= 65536].any()
     assert not v[1][5][:21].any() and v[1][5][21:].all()            # partial EXEC: old (0) outside
     assert not np.array_equal(v[0], v[4])                           # the workgroups' LDS differ
+
+
+# ds_read_b64_tr_b16/b8/b4 (transposing LDS reads) of another wave's bytes after a barrier; lanes of wave 3
+# outside the LDS (they read 0) and partial EXEC run wave by wave
+LDS_TR = """
+  v_lshlrev_b32 v20, 4, v0
+  v_xor_b32 v24, v2, v0
+  v_add_u32 v24, s2, v24
+  v_xor_b32 v25, v3, v0
+  v_mul_u32_u24 v26, 3, v4
+  v_add_u32 v26, v26, v0
+  v_xor_b32 v27, v5, v24
+  ds_write_b128 v20, v[24:27]
+  ds_write_b128 v20, v[24:27] offset:61440
+  s_waitcnt lgkmcnt(0)
+  s_barrier
+  v_add_u32 v40, 64, v0
+  v_and_b32 v40, 0xff, v40
+  v_lshlrev_b32 v41, 3, v40
+  v_lshlrev_b32 v43, 3, v0
+  v_add_u32 v43, 0xfa00, v43
+  ds_read_b64_tr_b16 v[50:51], v41
+  ds_read_b64_tr_b8 v[52:53], v41 offset:2048
+  ds_read_b64_tr_b4 v[54:55], v41 offset:1032
+  ds_read_b64_tr_b16 v[56:57], v43
+  s_waitcnt lgkmcnt(0)
+  v_and_b32 v22, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 20, v22
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  ds_read_b64_tr_b16 v[58:59], v41 offset:512
+  s_waitcnt lgkmcnt(0)
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_lds_transposing_reads(opts):
+    v, c, _ = _both(LDS_TR, opts, slice(50, 60))
+    assert c["lds_read_bytes"] > 0
+    assert v[0][0].any() and not np.array_equal(v[0], v[1])         # the waves read different bytes
+    assert not v[3][6].any() and v[2][6].any()                      # wave 3's lanes past the LDS read 0
+    assert not v[1][8][:21].any() and v[1][8][21:].any()            # partial EXEC: old (0) outside
 
 
 # every wave of a workgroup writes the same LDS bytes (a race: the race detector stays off): the last writer

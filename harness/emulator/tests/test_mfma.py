@@ -315,6 +315,55 @@ def test_fast_path_bitwise(mnemonic, cbsz, blgp):
                 assert got.dtype == want.dtype and np.array_equal(got, want), (op_sel, op_sel_hi, trial)
 
 
+_FLOAT_FORMS = ["v_mfma_f32_16x16x32_bf16", "v_mfma_f32_32x32x16_bf16", "v_mfma_f32_16x16x16_bf16",
+                "v_mfma_f32_32x32x8_bf16", "v_mfma_f32_16x16x32_f16", "v_mfma_f32_32x32x16_f16",
+                "v_mfma_f32_16x16x32_fp8_bf8", "v_mfma_f32_32x32x16_bf8_fp8"]
+
+
+def _float_operands(rng, mnemonic, shape, nregs, trial):
+    """Register bits for a bf16 / f16 / fp8 operand: random bits (NaN, inf, subnormal codes, exponents far
+    apart), or values of one scale (trial 1: the float64 K sums round, so their order shows)."""
+    if trial == 0:
+        return rng.integers(0, 1 << 32, shape + (nregs, 64), dtype=np.uint64).astype(np.uint32)
+    vals = rng.normal(size=shape + (nregs, 64, 2)) * np.exp2(rng.integers(-3, 4, shape + (nregs, 64, 2)))
+    if mnemonic.endswith("bf16"):
+        half = (vals.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)
+    elif mnemonic.endswith("f16"):
+        half = vals.astype(np.float16).view(np.uint16).astype(np.uint32)
+    else:   # fp8 forms: any byte pattern is a code
+        return rng.integers(0, 1 << 32, shape + (nregs, 64), dtype=np.uint64).astype(np.uint32)
+    return half[..., 0] | (half[..., 1] << 16)
+
+
+@pytest.mark.parametrize("mnemonic", _FLOAT_FORMS)
+def test_fast_path_float_forms(mnemonic):
+    """fast_executor for the bf16 / f16 / fp8 forms gives execute()'s bits (random register bits, and values
+    of one scale whose K sums round), and its .many (lockstep) gives run()'s bits for each wave."""
+    rng = np.random.default_rng(sum(map(ord, mnemonic)))
+    run = mfma.fast_executor(mnemonic, {})
+    assert run is not None
+    na, nb, nc = mfma.operand_regs(mnemonic, {})
+    for trial in range(3):
+        a = _float_operands(rng, mnemonic, (), na, trial % 2)
+        b = _float_operands(rng, mnemonic, (), nb, trial % 2)
+        c = rng.normal(size=(nc, 64)).astype(np.float32).view(np.uint32)
+        if trial == 2:
+            c = rng.integers(0, 1 << 32, (nc, 64), dtype=np.uint64).astype(np.uint32)
+        with np.errstate(all="ignore"):
+            want = mfma.execute(mnemonic, a, b, c, {})
+            got = run(a, b, c)
+        assert got.dtype == want.dtype and np.array_equal(got, want), trial
+    for nw, trial in ((1, 0), (3, 1), (17, 1), (5, 0)):
+        a = _float_operands(rng, mnemonic, (nw,), na, trial)
+        b = _float_operands(rng, mnemonic, (nw,), nb, trial)
+        c = rng.normal(size=(nw, nc, 64)).astype(np.float32).view(np.uint32)
+        with np.errstate(all="ignore"):
+            got = run.many(a, b, c)
+            for k in range(nw):
+                want = mfma.execute(mnemonic, a[k], b[k], c[k], {})
+                assert np.array_equal(got[k], want), (nw, k)
+
+
 @pytest.mark.parametrize("mnemonic", ["v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4",
                                       "v_mfma_f32_16x16x128_f8f6f4", "v_mfma_f32_32x32x64_f8f6f4"])
 @pytest.mark.parametrize("cbsz,blgp", [(0, 0), (1, 0), (0, 4), (4, 0), (4, 4), (1, 1), (4, 1)])
