@@ -339,9 +339,8 @@ def _gather_plan(mnemonic: str, fmt: str, which: str):
     nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
     if width not in (4, 8) or fmt not in numerics._LUT64:
         return None
-    flat = (outer * f.K + k if which == "a" else k * f.N + outer).ravel()
-    size = f.M * f.K if which == "a" else f.K * f.N
-    if flat.size != size or np.unique(flat).size != size:
+    flat, size = _element_index(f, outer, k, which)
+    if flat is None:
         return None
     lane = np.arange(64)[:, None]
     bit = width * np.arange(k.shape[1])[None, :]         # element e at bits [width*e, +width) of the lane
@@ -353,6 +352,14 @@ def _gather_plan(mnemonic: str, fmt: str, which: str):
     return nregs, byte_index, shift
 
 
+def _element_index(f, outer, k, which: str):
+    """(flat, size): each operand slot's element index in the matrix (A row-major M x K, B K x N), and the
+    element count; flat None when the layout does not hold every element exactly once."""
+    flat = (outer * f.K + k if which == "a" else k * f.N + outer).ravel()
+    size = f.M * f.K if which == "a" else f.K * f.N
+    return (flat if flat.size == size and np.unique(flat).size == size else None), size
+
+
 @lru_cache(maxsize=None)
 def _half_plan(mnemonic: str, fmt: str, which: str):
     """_gather_plan for 16-bit elements (bf16 / f16 forms): (nregs, half_index) with element i = the
@@ -362,9 +369,8 @@ def _half_plan(mnemonic: str, fmt: str, which: str):
     nregs, width, outer, k = _ab_layout(mnemonic, fmt, which)
     if width != 16:
         return None
-    flat = (outer * f.K + k if which == "a" else k * f.N + outer).ravel()
-    size = f.M * f.K if which == "a" else f.K * f.N
-    if flat.size != size or np.unique(flat).size != size:
+    flat, size = _element_index(f, outer, k, which)
+    if flat is None:
         return None
     lane = np.arange(64)[:, None]
     e = np.arange(k.shape[1])[None, :]
