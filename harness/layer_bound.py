@@ -140,8 +140,8 @@ def expert_ids(env: dict, weights: dict, rows=slice(None)) -> torch.Tensor:
     """int32 [rows, k]: the experts a chain's MoE step routes `rows` to, the router's reference on that chain's
     MoE input (mlp_norm.out). The chain's MoE step (the routed entry) routes inside its first launch and
     outputs no ids; where its kernel's logit rounds to the other bf16 neighbour and swaps two near-tied experts,
-    that row's MoE output leaves the step's own-input check (cosine against the routed reference on the same
-    input), so the step's routing is held to this one there."""
+    that row's MoE output leaves the step's own-input check (the routed reference on the same input; its
+    contract counts such a swap as a failure), so the step's routing is held to this one there."""
     x = env["mlp_norm.out"].detach().cpu()[rows]
     return moe.moe_route_softmax_topk(x, weights["router_weight"], weights["router_bias"], ref_layer.TOP_K)[1]
 
