@@ -4,7 +4,9 @@ Each step of the chain is one op at the layer's token count, so its counters are
 counters do not depend on where its inputs came from): each step runs as `benchmarks.runner` runs a package
 (measure_emulator: its reference builder's inputs, workgroup sampling above SAMPLE_ABOVE_TOKENS for the
 "rows" / "tiles" packages, the "tokens" packages whole), with the package's bench cost (min bytes, FLOPs ->
-floor) where it has one, and the cost functions below for the norm and the router, which have no bench.
+floor) where it has one, and the cost function below for the norms, which have no bench. The MoE step is
+the MoE package's routed entry (its router inside), costed by the package's bench for that op
+(benchmarks/moe/moe_cost.py routed_moe_cost: the router's bytes and FLOPs added to the MoE's).
 The attention runs a full layer (sliding_window 0) with every sequence at CONTEXT keys. Projected us come
 from benchmarks/costmodel.py: a model, never a measurement.
 
@@ -31,13 +33,6 @@ def norm_cost(m: int, hidden: int, op: str) -> Cost:
                 min_write_bytes=int(out + (m * hidden * 2 if fused else 0)))
 
 
-def route_cost(m: int, hidden: int, experts: int, top_k: int) -> Cost:
-    """x and the router weight and bias read once, the top-k weights (fp32) and ids (int32) written once; the
-    logits' GEMM FLOPs."""
-    return Cost(min_bytes=m * hidden * 2 + experts * hidden * 2 + experts * 2 + m * top_k * 8,
-                flops=2 * m * hidden * experts, min_write_bytes=m * top_k * 8)
-
-
 def step_bench(kernel: str, op: str, dims: dict):
     """A runner bench for one step: the package's benchmarks/<kernel>/bench.py when it benches this op (one of
     its OPS: the runner passes the op to its cost; DIMS overridden by `dims` for the attention's contexts),
@@ -53,9 +48,6 @@ def step_bench(kernel: str, op: str, dims: dict):
         return bench
     if op in ("rmsnorm", "fused_add_rmsnorm", "rmsnorm_mxfp8", "fused_add_rmsnorm_mxfp8"):
         return SimpleNamespace(PACKAGE=kernel, OP=op, DIMS=dims, cost=lambda m: norm_cost(m, dims["hidden"], op))
-    if op == "moe_route_softmax_topk":
-        return SimpleNamespace(PACKAGE=kernel, OP=op, DIMS=dims,
-                               cost=lambda m: route_cost(m, dims["hidden"], dims["experts"], dims["top_k"]))
     raise LookupError(f"{kernel}: no bench for op {op} and no cost function here")
 
 

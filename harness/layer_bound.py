@@ -136,12 +136,23 @@ def unexplained_flips(x_a, x_b, ids_a, ids_b, router_weight, router_bias) -> lis
     return out
 
 
-def chain_drift(layer, env_a: dict, env_b: dict, real: int | None = None, rows: list | None = None) -> dict:
-    """Chain a against chain b (the reference chain): {"agree": rows with the same experts, "output": 1 -
-    cosine of the layer output on those rows, "residual": 1 - cosine of the residual stream (all rows)}; over
-    `rows` only when given (a prefill chain's sampled rows), else the first `real`."""
+def expert_ids(env: dict, weights: dict, rows=slice(None)) -> torch.Tensor:
+    """int32 [rows, k]: the experts a chain's MoE step routes `rows` to, the router's reference on that chain's
+    MoE input (mlp_norm.out). The chain's MoE step (the routed entry) routes inside its first launch and
+    outputs no ids; where its kernel's logit rounds to the other bf16 neighbour and swaps two near-tied experts,
+    that row's MoE output leaves the step's own-input check (the routed reference on the same input; its
+    contract counts such a swap as a failure), so the step's routing is held to this one there."""
+    x = env["mlp_norm.out"].detach().cpu()[rows]
+    return moe.moe_route_softmax_topk(x, weights["router_weight"], weights["router_bias"], ref_layer.TOP_K)[1]
+
+
+def chain_drift(layer, env_a: dict, env_b: dict, weights: dict, real: int | None = None,
+                rows: list | None = None) -> dict:
+    """Chain a against chain b (the reference chain): {"agree": rows with the same experts (expert_ids),
+    "output": 1 - cosine of the layer output on those rows, "residual": 1 - cosine of the residual stream (all
+    rows)}; over `rows` only when given (a prefill chain's sampled rows), else the first `real`."""
     rows = slice(None, real) if rows is None else torch.tensor(rows, dtype=torch.long)
-    ids_a, ids_b = (e["router.topk_ids"].detach().cpu()[rows] for e in (env_a, env_b))
+    ids_a, ids_b = (expert_ids(e, weights, rows) for e in (env_a, env_b))
     agree = routing_split(ids_a, ids_b)
     out_a, out_b = (e[layer.outputs["hidden"]].detach().cpu()[rows].float() for e in (env_a, env_b))
     res_a, res_b = (e[layer.outputs["residual"]].detach().cpu()[rows].float() for e in (env_a, env_b))
@@ -199,12 +210,12 @@ def drift(layer, weights: dict, i: int, layer_idx: int, tp: int = 1, prefill: bo
             envs.append(tp_env(layer, chain.run_layer_ranks(
                 tp_layer, hidden=parts, residual=None if residual is None else [residual] * tp, weights=shards,
                 batch=rb, caches=tp_caches, layer_idx=layer_idx, rows=rows,
-                references=[{"attn": attention.paged_attention_p_bf16, "moe": ref_layer.moe_rank_reference(r)}
+                references=[{"attn": attention.paged_attention_p_bf16, "moe": ref_layer.routed_rank_reference(r)}
                             for r in range(tp)])))
-        d = chain_drift(layer, envs[1], envs[0], rows=rows)
+        d = chain_drift(layer, envs[1], envs[0], weights, rows=rows)
         pick = slice(None) if rows is None else torch.tensor(rows, dtype=torch.long)
         d["flips"] = unexplained_flips(envs[1]["mlp_norm.out"][pick], envs[0]["mlp_norm.out"][pick],
-                                       envs[1]["router.topk_ids"][pick], envs[0]["router.topk_ids"][pick],
+                                       expert_ids(envs[1], weights, pick), expert_ids(envs[0], weights, pick),
                                        weights["router_weight"], weights["router_bias"])
         out.append(d)
     return out

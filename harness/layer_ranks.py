@@ -81,8 +81,8 @@ def worker(rank: int, world: int, shard_dir: str, config: dict) -> dict:
         chain._entry(st.kernel, st.entry)[1].warm_up()
         warm.setdefault(f"{st.kernel}:{st.entry}", time.perf_counter() - start)
     weights, prepared = shard["weights"], chain.Prepared()
-    # own-input references: the MoE on the rank's slice; none for the all-reduces (every rank's x needed)
-    local_refs = [{"moe": ref_layer.moe_rank_reference(rank),
+    # own-input references: the routed MoE on the rank's slice; none for the all-reduces (every rank's x needed)
+    local_refs = [{"moe": ref_layer.routed_rank_reference(rank),
                    **{st.name: None for st in steps if chain._entry(st.kernel, st.entry)[0].ranks > 1}}
                   for steps in (layer.first_steps, layer.steps)]
     out = {"warm_up": warm, "layers": {}}

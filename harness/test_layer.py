@@ -66,8 +66,9 @@ def test_layer_declaration():
     assert [s.kernel for s in layer.steps] == [
         "norm/rmsnorm_h2880", "gemm/mxfp8_n5120_k2880", "attention/rope_kv_q64_kv8_d64",
         "attention/paged_q64_kv8_d64", "quant/mxfp8_k4096", "gemm/mxfp8_n2880_k4096", "norm/rmsnorm_h2880",
-        "moe/route_h2880_e128_top4", "moe/mxfp4_h2880_i2880_e128_top4"]
+        "moe/mxfp4_h2880_i2880_e128_top4"]
     assert layer.first_steps[0].entry == "rmsnorm_mxfp8" and layer.steps[0].entry == "fused_add_rmsnorm_mxfp8"
+    assert layer.steps[-1].entry == "routed"  # the MoE with its router (vLLM's FusedMoE inputs)
     assert chain.layer_constants(layer, 0) == {"sliding_window": 128}
     assert chain.layer_constants(layer, 1) == {"sliding_window": 0}
     assert layer.phases == ("decode", "prefill")
@@ -196,11 +197,10 @@ def _check_drift(layer, got: dict, ref_env: dict, weights: dict, bounds: dict, w
     derived bounds, every expert swap explained; over `rows` when given (a prefill chain's sampled rows), else
     the first `real` (None: all)."""
     sel = slice(None, real) if rows is None else torch.tensor(rows, dtype=torch.long)
-    drift = layer_bound.chain_drift(layer, got, ref_env, real=real, rows=rows)
-    got_rows, ref_rows = ({k: e[k].detach().cpu()[sel] for k in ("mlp_norm.out", "router.topk_ids")}
-                          for e in (got, ref_env))
-    flips = layer_bound.unexplained_flips(got_rows["mlp_norm.out"], ref_rows["mlp_norm.out"],
-                                          got_rows["router.topk_ids"], ref_rows["router.topk_ids"],
+    drift = layer_bound.chain_drift(layer, got, ref_env, weights, real=real, rows=rows)
+    flips = layer_bound.unexplained_flips(got["mlp_norm.out"].detach().cpu()[sel], ref_env["mlp_norm.out"][sel],
+                                          layer_bound.expert_ids(got, weights, sel),
+                                          layer_bound.expert_ids(ref_env, weights, sel),
                                           weights["router_weight"], weights["router_bias"])
     agree = drift["agree"]
     print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {agree.numel()}"

@@ -6,8 +6,9 @@ calls, in vLLM's order (vllm/model_executor/models/gpt_oss.py; the step-by-step 
   first layer) -> gemm.mxfp8_gemm (QKV, bias) -> attention.rope_kv_write (writes key_cache / value_cache in
   place) -> attention.paged_attention (128-key window on even layers, full on odd) -> gemm.mxfp8_quant ->
   gemm.mxfp8_gemm (O, bias) -> norm.fused_add_rmsnorm (bf16: the router and the MoE take bf16) ->
-  moe.moe_route_softmax_topk -> moe.moe_mxfp4_gptoss; returns (MoE output, residual stream), which the next
-  layer's first norm adds. Every rounding point, layout and tolerance is that of the op's own reference;
+  moe.moe_route_softmax_topk -> moe.moe_mxfp4_gptoss (the chain's one `moe` step: the MoE package's routed
+  entry, whose reference moe.moe_routed_mxfp4_gptoss is exactly these two); returns (MoE output, residual
+  stream), which the next layer's first norm adds. Every rounding point, layout and tolerance is that of the op's own reference;
   each op consumes the previous op's outputs as they are (the attention output [T, 64, 64] is viewed as
   [T, 4096]). The harness runs the same chain from its declaration in regimes/gpt_oss_120b.toml
   ([[layer]]) on the references and on the kernels; harness/test_layer.py checks that the declared chain on
@@ -239,7 +240,7 @@ def shard_layer_weights(weights: dict, tp_rank: int, tp_size: int = 8) -> dict:
       only (vLLM adds it there: the other ranks get zeros, which add nothing);
     - sinks: its query heads';
     - MoE: references.moe.shard_columns's 32-column blocks of the intermediate dim (w13 rows 2 start .. 2 end,
-      w2 columns and scale blocks; the w2 bias whole, added by rank 0: moe_rank_reference), as ordinary
+      w2 columns and scale blocks; the w2 bias whole, added by rank 0: routed_rank_reference), as ordinary
       tensors (lazy experts drawn);
     - norms, router, cos_sin_cache: whole on every rank."""
     if tp_size < 1 or QUERY_HEADS % tp_size or KV_HEADS % tp_size or not 0 <= tp_rank < tp_size:
@@ -299,5 +300,18 @@ def moe_rank_reference(rank: int):
             raise ValueError(f"tp_rank: {tp_rank}, this reference is rank {rank}'s")
         return moe.moe_mxfp4_gptoss(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
                                     w2_scales, w2_bias if rank == 0 else None)
+
+    return reference
+
+
+def routed_rank_reference(rank: int):
+    """The routed MoE reference (the chain's `moe` step) on rank `rank`'s slice: the router on the whole router
+    weight (replicated), then moe_rank_reference(rank) -> moe.moe_routed_mxfp4_gptoss(..., the whole
+    checkpoint, tp_size, rank)'s partial."""
+    def reference(x, router_weight, router_bias, w13_blocks, w13_scales, w13_bias, w2_blocks, w2_scales, w2_bias,
+                  top_k=TOP_K, tp_size=1, tp_rank=0):
+        topk_weights, topk_ids = moe.moe_route_softmax_topk(x, router_weight, router_bias, top_k)
+        return moe_rank_reference(rank)(x, topk_weights, topk_ids, w13_blocks, w13_scales, w13_bias, w2_blocks,
+                                        w2_scales, w2_bias, tp_size, tp_rank)
 
     return reference
