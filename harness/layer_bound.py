@@ -137,22 +137,22 @@ def unexplained_flips(x_a, x_b, ids_a, ids_b, router_weight, router_bias) -> lis
 
 
 def expert_ids(env: dict, weights: dict, rows=slice(None)) -> torch.Tensor:
-    """int32 [rows, k]: the experts a chain's MoE step routes `rows` to, the router's reference on that chain's
-    MoE input (mlp_norm.out). The chain's MoE step (the routed entry) routes inside its first launch and
-    outputs no ids; where its kernel's logit rounds to the other bf16 neighbour and swaps two near-tied experts,
-    that row's MoE output leaves the step's own-input check (the routed reference on the same input; its
-    contract counts such a swap as a failure), so the step's routing is held to this one there."""
+    """int32 [rows, k]: the experts the router's reference picks for `rows` on a chain's MoE input
+    (mlp_norm.out): a reference chain's routing. A kernel chain's own (its routed MoE step outputs no ids) is the
+    route kernel's on the same input (harness/test_layer.py: _kernel_expert_ids)."""
     x = env["mlp_norm.out"].detach().cpu()[rows]
     return moe.moe_route_softmax_topk(x, weights["router_weight"], weights["router_bias"], ref_layer.TOP_K)[1]
 
 
 def chain_drift(layer, env_a: dict, env_b: dict, weights: dict, real: int | None = None,
-                rows: list | None = None) -> dict:
-    """Chain a against chain b (the reference chain): {"agree": rows with the same experts (expert_ids),
+                rows: list | None = None, ids_a: torch.Tensor | None = None) -> dict:
+    """Chain a against chain b (the reference chain): {"agree": rows with the same experts (expert_ids; `ids_a`:
+    chain a's own, e.g. the route kernel's for a kernel chain),
     "output": 1 - cosine of the layer output on those rows, "residual": 1 - cosine of the residual stream (all
     rows)}; over `rows` only when given (a prefill chain's sampled rows), else the first `real`."""
     rows = slice(None, real) if rows is None else torch.tensor(rows, dtype=torch.long)
-    ids_a, ids_b = (expert_ids(e, weights, rows) for e in (env_a, env_b))
+    ids_b = expert_ids(env_b, weights, rows)
+    ids_a = expert_ids(env_a, weights, rows) if ids_a is None else ids_a
     agree = routing_split(ids_a, ids_b)
     out_a, out_b = (e[layer.outputs["hidden"]].detach().cpu()[rows].float() for e in (env_a, env_b))
     res_a, res_b = (e[layer.outputs["residual"]].detach().cpu()[rows].float() for e in (env_a, env_b))

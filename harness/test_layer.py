@@ -191,16 +191,31 @@ def _slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return cache.view(-1, ref_layer.KV_HEADS, ref_layer.HEAD_DIM)[slots].float()
 
 
+# The kernel chain's MoE step (the routed entry) routes in its first launch with the route entry's own logit
+# chain, bit for bit (harness/test_moe_routed.py), and outputs no ids: its experts are the route kernel's on the
+# chain's MoE input (rows on their own: the router is batch invariant).
+ROUTER = ("moe/route_h2880_e128_top4", "route")
+
+
+def _kernel_expert_ids(env: dict, weights: dict, rows) -> torch.Tensor:
+    dev = devices.current().torch_device
+    x = env["mlp_norm.out"].detach().cpu()[rows].contiguous()
+    route = chain._entry(*ROUTER)[1]
+    route.warm_up()  # (loaded from the disk cache once per process)
+    _, ids = route(x.to(dev), weights["router_weight"].to(dev), weights["router_bias"].to(dev), ref_layer.TOP_K)
+    return ids.cpu()
+
+
 def _check_drift(layer, got: dict, ref_env: dict, weights: dict, bounds: dict, where: str, real: int | None = None,
                  rows: list | None = None) -> list:
     """The layer output (on the rows that kept the reference chain's experts) and the residual within the
     derived bounds, every expert swap explained; over `rows` when given (a prefill chain's sampled rows), else
     the first `real` (None: all)."""
     sel = slice(None, real) if rows is None else torch.tensor(rows, dtype=torch.long)
-    drift = layer_bound.chain_drift(layer, got, ref_env, weights, real=real, rows=rows)
+    got_ids = _kernel_expert_ids(got, weights, sel)
+    drift = layer_bound.chain_drift(layer, got, ref_env, weights, real=real, rows=rows, ids_a=got_ids)
     flips = layer_bound.unexplained_flips(got["mlp_norm.out"].detach().cpu()[sel], ref_env["mlp_norm.out"][sel],
-                                          layer_bound.expert_ids(got, weights, sel),
-                                          layer_bound.expert_ids(ref_env, weights, sel),
+                                          got_ids, layer_bound.expert_ids(ref_env, weights, sel),
                                           weights["router_weight"], weights["router_bias"])
     agree = drift["agree"]
     print(f"  layer output cosine {1 - drift['output']:.7f} on the {int(agree.sum())} of {agree.numel()}"
