@@ -33,6 +33,10 @@ SLICE_MAX = 48      # longest run of one group before the seeded scheduler may s
 
 # Table rows whose fn is written for one wave's (64,) lanes.
 _NOT_BATCHED = frozenset(("v_bfrev_b32", "v_perm_b32"))
+# Special VALU builders (ops_vector.SPECIAL) whose handlers only read rows, SGPRs and constants and write
+# rows under EXEC, like the table rows (tests/test_lockstep_ops.py runs each both ways;
+# the gfx9 mac/madak/madmk forms do not exist on gfx950).
+_BATCHED_SPECIAL = frozenset(("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_div_fmas_f32", "v_div_fixup_f32"))
 
 
 def batched_table(program) -> list:
@@ -46,7 +50,10 @@ def batched_table(program) -> list:
         if inst.pc in program.unknown:
             continue
         k = classify(inst.mnemonic)
-        if k.family not in ("v_op", "v_pk16", "v_pk32") or k.enc not in ("", "e32", "e64"):
+        table_row = k.family in ("v_op", "v_pk16", "v_pk32")
+        if not (table_row or (k.family == "v_special" and k.base in _BATCHED_SPECIAL)):
+            continue
+        if k.enc not in ("", "e32", "e64"):
             continue
         if k.base in _NOT_BATCHED:
             continue

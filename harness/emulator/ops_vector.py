@@ -105,8 +105,6 @@ def build_generic(inst, ctx, base, enc):
     typ, stypes, fn = OPS[base]
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
-    if base in ("v_fmac_f32", "v_mac_f32"):
-        pass
     dst, srcs = ops[0], ops[1:]
     if len(srcs) != len(stypes):
         raise OperandError(f"{inst.mnemonic}: expected {len(stypes)} sources, got {len(srcs)}")
@@ -396,6 +394,21 @@ def _div_scale(inst, ctx, base, enc):
     def h(w):
         wr(w, s0(w), exec_mask(w))
         cwr(w, 0)
+
+    def group(waves):
+        """Lockstep (lockstep.py): the rows of each run of waves at once under each wave's EXEC; VCC per wave."""
+        from .lockstep import batches
+        for run, b in batches(waves):
+            if b is None:
+                h(run[0])
+                continue
+            ms = [exec_mask(w) for w in run]
+            m = None if all(x is None for x in ms) else np.stack([_ALL_LANES if x is None else x for x in ms])
+            wr(b, s0(b), m)
+            for w in run:
+                cwr(w, 0)
+    if typ == "f32":
+        h.group = group
     return h
 
 

@@ -206,6 +206,52 @@ def test_conversion_group_under_partial_exec(opts):
     assert (v[2][1][:38] == 0xFFFFFFFF).all() and (v[2][3][:38] == 0xFFFFFFFF).all()   # outside EXEC: kept
 
 
+# the special VALU forms lockstep.py batches (fmac with the destination as addend, the literal
+# mad/fma forms, the division steps; v_div_scale through its group form, VCC per wave) on finite floats that
+# differ per wave, under full and partial EXEC
+SPECIAL_VALU = """
+  v_and_b32 v30, 0x3fffffff, v2
+  v_or_b32 v30, 0x3c000000, v30
+  v_and_b32 v31, 0xbfffffff, v3
+  v_or_b32 v31, 0x3c000000, v31
+  v_and_b32 v32, 0x3fffffff, v4
+  v_mov_b32 v40, v32
+  v_fmac_f32_e32 v40, v30, v31
+  v_mov_b32 v41, v32
+  v_fmac_f32_e32 v41, 0x40490fdb, v31
+  v_mov_b32 v42, v32
+  v_fmac_f32_e32 v42, s8, v30
+  v_fmaak_f32 v43, v30, v31, 0x3e800000
+  v_fmamk_f32 v44, v30, 0xc0200000, v31
+  v_fmaak_f32 v45, v31, v32, 0x41200000
+  v_fmamk_f32 v46, v32, 0x3f000000, v30
+  v_and_b32 v24, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 26, v24
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_div_scale_f32 v47, vcc, v30, v31, v30
+  v_div_scale_f32 v48, s[34:35], v31, v31, v30
+  v_rcp_f32 v49, v48
+  v_div_fmas_f32 v50, v47, v49, 0
+  v_div_fixup_f32 v51, v50, v31, v30
+  v_fmac_f32_e32 v52, v51, v49
+  s_mov_b64 exec, s[32:33]
+  v_mov_b32 v53, vcc_lo
+  v_mov_b32 v54, s34
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_special_valu_forms(opts):
+    v, _, _ = _both(SPECIAL_VALU, opts, slice(40, 55))
+    assert not np.array_equal(v[0], v[1])
+    assert not v[0][12][:27].any() and v[0][11][27:].any()      # v52 outside EXEC (lanes < 27): old (0)
+    f = lambda r: v[0][r].view(np.float32)                       # noqa: E731
+    x, y = _inputs()[:64], _inputs()[64:128]
+    x = ((x & 0x3FFFFFFF) | 0x3C000000).view(np.float32)
+    y = ((y & 0xBFFFFFFF) | 0x3C000000).view(np.float32)
+    np.testing.assert_allclose(f(11)[27:], (x / y)[27:], rtol=1e-6)   # the division steps divide
+
+
 # stores through a buffer over the output (32 KB), each form to its own region, per-thread disjoint bytes
 # (the group's one scatter), then a store under partial EXEC and one with lanes past num_records (wave by
 # wave)
