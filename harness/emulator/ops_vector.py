@@ -209,11 +209,9 @@ def _literal_mad(inst, ctx, base, enc):
     acc = ctx.acc_offset
     typ = "f16" if base.endswith("f16") else "f32"
     fn = _fma32 if "fma" in base else (lambda a, b, c: a * b + c)
-    a, b, c = ops[1], ops[2], ops[3]
-    if base.endswith(("mk_f32", "mk_f16")):   # D = S0 * K + S1
-        readers = [typed_reader(a, typ, acc), typed_reader(c, typ, acc), typed_reader(b, typ, acc)]
-    else:                                      # D = S0 * S1 + K
-        readers = [typed_reader(a, typ, acc), typed_reader(b, typ, acc), typed_reader(c, typ, acc)]
+    # The assembly order is the product's: mk `vdst, src0, K, src1` (S0 * K + S1), ak `vdst, src0, src1, K`
+    # (S0 * S1 + K); either way operands 1 and 2 multiply and operand 3 adds.
+    readers = [typed_reader(o, typ, acc) for o in ops[1:4]]
     return _assemble(fn, readers, None, row_writer(ops[0], typ, acc), None)
 
 

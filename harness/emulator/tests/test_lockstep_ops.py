@@ -206,26 +206,30 @@ def test_conversion_group_under_partial_exec(opts):
     assert (v[2][1][:38] == 0xFFFFFFFF).all() and (v[2][3][:38] == 0xFFFFFFFF).all()   # outside EXEC: kept
 
 
-# the special VALU forms lockstep.py batches (fmac with the destination as addend, the literal
-# mad/fma forms, the division steps; v_div_scale through its group form, VCC per wave) on finite floats that
-# differ per wave, under full and partial EXEC
+# the special VALU forms lockstep.py batches (fmac with the destination as addend, the literal fma forms,
+# the division steps; v_div_scale through its group form, its SGPR destination per wave) on finite floats
+# that differ per wave, an SGPR that differs per workgroup, and an EXEC that differs per wave (from the data)
 SPECIAL_VALU = """
   v_and_b32 v30, 0x3fffffff, v2
   v_or_b32 v30, 0x3c000000, v30
   v_and_b32 v31, 0xbfffffff, v3
   v_or_b32 v31, 0x3c000000, v31
   v_and_b32 v32, 0x3fffffff, v4
+  s_lshl_b32 s40, s2, 20
+  s_add_u32 s40, s40, 0x3fc00000
   v_mov_b32 v40, v32
   v_fmac_f32_e32 v40, v30, v31
   v_mov_b32 v41, v32
   v_fmac_f32_e32 v41, 0x40490fdb, v31
   v_mov_b32 v42, v32
-  v_fmac_f32_e32 v42, s8, v30
+  v_fmac_f32_e32 v42, s40, v30
   v_fmaak_f32 v43, v30, v31, 0x3e800000
   v_fmamk_f32 v44, v30, 0xc0200000, v31
   v_fmaak_f32 v45, v31, v32, 0x41200000
   v_fmamk_f32 v46, v32, 0x3f000000, v30
-  v_and_b32 v24, 0x3f, v0
+  s_mov_b64 vcc, -1
+  s_mov_b64 s[34:35], -1
+  v_and_b32 v24, 0x3f, v5
   v_cmp_lt_u32 s[30:31], 26, v24
   s_and_saveexec_b64 s[32:33], s[30:31]
   v_div_scale_f32 v47, vcc, v30, v31, v30
@@ -244,12 +248,25 @@ SPECIAL_VALU = """
 def test_special_valu_forms(opts):
     v, _, _ = _both(SPECIAL_VALU, opts, slice(40, 55))
     assert not np.array_equal(v[0], v[1])
-    assert not v[0][12][:27].any() and v[0][11][27:].any()      # v52 outside EXEC (lanes < 27): old (0)
-    f = lambda r: v[0][r].view(np.float32)                       # noqa: E731
-    x, y = _inputs()[:64], _inputs()[64:128]
-    x = ((x & 0x3FFFFFFF) | 0x3C000000).view(np.float32)
-    y = ((y & 0xBFFFFFFF) | 0x3C000000).view(np.float32)
-    np.testing.assert_allclose(f(11)[27:], (x / y)[27:], rtol=1e-6)   # the division steps divide
+    inp = _inputs()
+    f32 = lambda a: a.view(np.float32).astype(np.float64)        # noqa: E731
+    for w in (0, 5):                                              # wave 0 of workgroup 0, wave 1 of workgroup 1
+        tid = 64 * (w % 4) + np.arange(64)
+        x = f32((inp[tid] & 0x3FFFFFFF) | 0x3C000000)
+        y = f32((inp[64 + tid] & 0xBFFFFFFF) | 0x3C000000)
+        z = f32(inp[128 + tid] & 0x3FFFFFFF)
+        s40 = f32(np.uint32(((w // 4) << 20) + 0x3FC00000))
+        got = [f32(v[w][r]) for r in range(7)]
+        for g, want in zip(got, (x * y + z, 3.14159274 * y + z, s40 * x + z, x * y + 0.25, x * -2.5 + y,
+                                 y * z + 10.0, z * 0.5 + x)):
+            np.testing.assert_allclose(g, want, rtol=1e-6)
+        on = (inp[192 + tid] & 0x3F) > 26                          # this wave's EXEC for the division steps
+        assert on.any() and not on.all()
+        np.testing.assert_allclose(f32(v[w][11])[on], (x / y)[on], rtol=1e-6)   # the division steps divide
+        assert not v[w][12][~on].any()                           # v52 outside EXEC: old (0)
+        assert not v[w][13].any() and not v[w][14].any()         # VCC and s34 (-1 before) written 0
+    on0, on1 = ((inp[192 + 64 * k + np.arange(64)] & 0x3F) > 26 for k in (0, 1))
+    assert not np.array_equal(on0, on1)                          # the waves' EXEC masks differ
 
 
 # stores through a buffer over the output (32 KB), each form to its own region, per-thread disjoint bytes
