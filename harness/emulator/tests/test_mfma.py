@@ -392,3 +392,33 @@ def test_fast_path_many_is_run_per_wave(mnemonic, cbsz, blgp):
                     assert np.array_equal(got[k], want), (op_sel, nw, k)
             if not scaled:
                 break
+
+
+def test_fast_path_many_reuses_a_only_when_it_is_equal():
+    """.many keeps the last few A operands it decoded and scaled (the MFMAs of a K-step share A): a call with
+    the same A bytes but another scale, op_sel or form, or with A given as a view of registers written since,
+    gets run()'s bits for each wave, never a stale copy."""
+    rng = np.random.default_rng(7)
+    name = "v_mfma_scale_f32_16x16x128_f8f6f4"
+    plain = {"cbsz": 0, "blgp": 4}
+    forms = [mfma.fast_executor(name, dict(plain, op_sel=s, op_sel_hi=h)) for s, h in
+             (([0, 0], [0, 0]), ([1, 1], [0, 0]))] + [mfma.fast_executor(name, {"cbsz": 1, "blgp": 4})]
+    na, nb, nc = mfma.operand_regs(name, plain)
+    nw = 5
+    a = rng.integers(0, 1 << 32, (nw, na, 64), dtype=np.uint64).astype(np.uint32)  # registers, written in place
+    sa = (rng.integers(110, 144, (nw, 64)) * 0x01020304).astype(np.uint32)
+    calls = [(0, False, False), (0, False, False), (1, False, False), (2, False, False), (0, True, False),
+             (0, False, True), (0, False, False)]
+    for form, new_scale, write_a in calls:
+        run = forms[form]
+        if new_scale:
+            sa = sa ^ np.uint32(0x00000101)
+        if write_a:
+            a ^= rng.integers(0, 2, (nw, na, 64), dtype=np.uint64).astype(np.uint32)
+        b = rng.integers(0, 1 << 32, (nw, nb, 64), dtype=np.uint64).astype(np.uint32)
+        c = rng.normal(size=(nw, nc, 64)).astype(np.float32).view(np.uint32)
+        sb = (rng.integers(110, 144, (nw, 64)) * 0x01010101).astype(np.uint32)
+        with np.errstate(all="ignore"):
+            got = run.many(a, b, c, sa, sb)
+            for k in range(nw):
+                assert np.array_equal(got[k], run(a[k], b[k], c[k], sa[k], sb[k])), (form, new_scale, write_a, k)
