@@ -345,25 +345,21 @@ class BufferAddress:
         n = len(waves)
         if self.idxen or not self.offen:
             return (None, np.zeros(n, bool), None, np.zeros(n, bool)) if lanes else (None, np.zeros(n, bool))
-        rs = self.rsrc
-        full, raw, base, limit = [], [], [], []
-        for w in waves:
-            s = w.s
-            d1 = s[rs + 1]
-            full.append(s[EXEC_LO] == 0xFFFFFFFF and s[EXEC_HI] == 0xFFFFFFFF)
-            raw.append(not (d1 >> 16) & 0x3FFF)
-            so = self.soff(w)
-            base.append((s[rs] | ((d1 & 0xFFFF) << 32)) + so)
-            limit.append(s[rs + 2] - so)
+        rs, soff = self.rsrc, self.soff
+        # each wave's descriptor dwords 0-2, soffset and EXEC, one int64 row a wave (all below 2**48)
+        d0, d1, d2, so, lo, hi = np.array([(s[rs], s[rs + 1], s[rs + 2], soff(w), s[EXEC_LO], s[EXEC_HI])
+                                           for w in waves for s in (w.s,)], np.int64).T
+        full = (lo == 0xFFFFFFFF) & (hi == 0xFFFFFFFF)
+        raw = ((d1 >> 16) & 0x3FFF) == 0          # stride 0
+        base = (d0 | ((d1 & 0xFFFF) << 32)) + so
+        lim = d2 - so
         regs = waves[0].v.base
         idx = np.fromiter((w.slot for w in waves), np.intp, n)
         off = regs[idx, self.vrow].astype(np.int64)
         if self.inst_offset:
             off += self.inst_offset
         ndw = max(1, nbytes // 4)
-        lim = np.array(limit, np.int64)
-        raw = np.array(raw)
-        ok = np.array(full) & raw & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= lim)
+        ok = full & raw & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= lim)
         dw = None
         if lanes and not ok.all():
             # in_range's test for a raw buffer (its offset there includes soffset, here in the limit)
@@ -371,7 +367,7 @@ class BufferAddress:
             if last is None:
                 last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
             dw = (off[:, :, None] + last) <= lim[:, None, None]
-        off += np.array(base, np.int64)[:, None]
+        off += base[:, None]
         return (off, ok, dw, raw) if lanes else (off, ok)
 
     def in_range(self, w, nbytes):
