@@ -40,6 +40,7 @@ Memory checking: see MemoryMap.
 
 from __future__ import annotations
 
+import itertools
 import re
 from bisect import bisect_right
 from collections import deque
@@ -348,6 +349,59 @@ class LdsShadow:
             self.r_mask[idx] = self.r_mask[idx] | bit
 
 
+# ---- group loads (lockstep) ---------------------------------------------------------------------------
+
+_LOAD_SEQ = itertools.count()
+
+
+class GroupLoad:
+    """The registers one lockstep group load delivers: wave k (register slot slots[k] of the batch's
+    register file `regs`) gets rows [row, row + n) = data[k] ((W, n, 64) uint32). Each wave's queue entry
+    holds its share, a _Part, so it is delivered at that wave's own covering s_waitcnt and never sooner; the
+    group s_waitcnt stores the shares of all the waves it completes in one fancy-indexed store. seq orders
+    two loads into the same registers of a wave (issue order)."""
+
+    __slots__ = ("regs", "slots", "row", "end", "data", "seq")
+
+    def __init__(self, regs, slots, row, data):
+        self.regs, self.slots, self.row, self.end, self.data = regs, slots, row, row + data.shape[1], data
+        self.seq = next(_LOAD_SEQ)
+
+    def parts(self) -> list:
+        return [_Part(self, k) for k in range(len(self.slots))]
+
+    def store(self, ks=None):
+        """Deliver the shares of waves ks (distinct indices; None: every wave)."""
+        if ks is None or len(ks) == len(self.slots):
+            self.regs[self.slots, self.row: self.end] = self.data
+        else:
+            self.regs[self.slots[ks], self.row: self.end] = self.data[ks]
+
+
+class _Part:
+    """One wave's share of a GroupLoad: called, it delivers that wave alone (WaveSan._complete)."""
+
+    __slots__ = ("load", "k")
+
+    def __init__(self, load, k):
+        self.load, self.k = load, k
+
+    def __call__(self):
+        ld = self.load
+        ld.regs[ld.slots[self.k], ld.row: ld.end] = ld.data[self.k]
+
+
+def _store_later(later: dict):
+    """Deliver the deferred GroupLoad shares (load -> wave indices), older loads first."""
+    for ld in sorted(later, key=_seq) if len(later) > 1 else later:
+        ld.store(later[ld])
+    later.clear()
+
+
+def _seq(ld):
+    return ld.seq
+
+
 # ---- per-wave state -----------------------------------------------------------------------------------
 
 class WaveSan:
@@ -402,9 +456,19 @@ class WaveSan:
         write, idx = lds_rec
         self.races.access(self.wave.wave_id, idx, write, f"'{self._text(pc)}' (pc {pc:#x})")
 
-    def _complete(self, e):
-        if e[1] is not None:
-            e[1]()
+    def _complete(self, e, later):
+        apply = e[1]
+        if apply is not None:
+            if later is not None and type(apply) is _Part:
+                ks = later.get(apply.load)
+                if ks is None:
+                    later[apply.load] = [apply.k]
+                else:
+                    ks.append(apply.k)
+            else:
+                if later:           # this closure may read or write rows a deferred share writes
+                    _store_later(later)
+                apply()
         if e[2] is not None and self.races is not None:
             self._record(e[2], e[3])
 
@@ -416,21 +480,23 @@ class WaveSan:
             p |= e[0]
         self.pend = p
 
-    def waitcnt(self, vm: int, lgkm: int):
+    def waitcnt(self, vm: int, lgkm: int, later=None):
+        """Complete what s_waitcnt vmcnt(vm) lgkmcnt(lgkm) covers. `later` (the group s_waitcnt's): a dict
+        collecting GroupLoad shares (load -> wave indices) for one store after every wave of the group."""
         changed = False
         while len(self.vm) > vm:
-            self._complete(self.vm.popleft())
+            self._complete(self.vm.popleft(), later)
             changed = True
         if len(self.lgkm) > lgkm:
             if lgkm == 0 or not any(e[4] for e in self.lgkm):
                 while len(self.lgkm) > lgkm:
-                    self._complete(self.lgkm.popleft())
+                    self._complete(self.lgkm.popleft(), later)
             else:
                 # SMEM may complete out of order: only LDS operations older than the newest `lgkm` LDS ones
                 lds = [e for e in self.lgkm if not e[4]]
                 done = lds[: max(0, len(lds) - lgkm)]
                 for e in done:
-                    self._complete(e)
+                    self._complete(e, later)
                 ids = {id(e) for e in done}
                 self.lgkm = deque(e for e in self.lgkm if id(e) not in ids)
             changed = True
@@ -527,6 +593,25 @@ def _waitcnt_handler(vm, lgkm):
         s = w.san
         if s is not None:
             s.waitcnt(vm, lgkm)
+
+    def group(waves):
+        """Lockstep: every wave completes its own entries in the group's order, as alone (race records,
+        closures, reports), but the GroupLoad shares wait for one store per load after the last wave (or
+        before a closure or a report, so no wave's rows are written out of order)."""
+        later = {}
+        try:
+            for w in waves:
+                s = w.san
+                if s is not None:
+                    try:
+                        s.waitcnt(vm, lgkm, later)
+                    except Exception as e:
+                        e.wave = w
+                        raise
+        finally:
+            if later:
+                _store_later(later)
+    h.group = group
     return h
 
 
