@@ -632,6 +632,17 @@ def test_group_waitcnt_delivers_each_waves_loads(opts, monkeypatch):
         assert any(stores)      # some load's shares were stored for part of its waves (0 and 1 wait apart)
 
 
+def _same_report(body, grid, sanitize):
+    """The report `body` stops with, the same text alone and in lockstep (no interleaving)."""
+    msgs = []
+    for lockstep in (False, True):
+        with pytest.raises(engine.SanitizerReport) as err:
+            run(body, inputs=_inputs(), block=256, grid=grid, options=dict(sanitize=sanitize, lockstep=lockstep))
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1]
+    return msgs[0]
+
+
 def test_missing_wait_in_a_regrouped_wave_sees_stale_data(monkeypatch):
     """Wave 1 leaves its load group before the others' covering s_waitcnt and reads the register early:
     reported with the same text both ways, and the register still holds its old value (its share of the
@@ -658,13 +669,8 @@ def test_missing_wait_in_a_regrouped_wave_sees_stale_data(monkeypatch):
         seen.append(s.wave.v[30].copy())
         return orig(s, i)
     monkeypatch.setattr(WaveSan, "missing_wait", spy)
-    msgs = []
-    for lockstep in (False, True):
-        with pytest.raises(engine.SanitizerReport) as err:
-            run(body, inputs=_inputs(), block=256, grid=2,
-                options=dict(sanitize={"waits", "hazards"}, lockstep=lockstep))
-        msgs.append(str(err.value))
-    assert msgs[0] == msgs[1] and "missing-wait" in msgs[0] and "wave 1" in msgs[0]
+    msg = _same_report(body, 2, {"waits", "hazards"})
+    assert "missing-wait" in msg and "wave 1" in msg
     assert len(seen) == 2 and all((s == 7).all() for s in seen)
 
 
@@ -678,10 +684,5 @@ def test_lds_race_found_at_a_group_waitcnt_names_its_wave():
       ds_write_b32 v21, v2
       s_waitcnt lgkmcnt(0)
     """
-    msgs = []
-    for lockstep in (False, True):
-        with pytest.raises(engine.SanitizerReport) as err:
-            run(body, inputs=_inputs(), block=256, grid=1,
-                options=dict(sanitize={"waits", "races"}, lockstep=lockstep))
-        msgs.append(str(err.value))
-    assert msgs[0] == msgs[1] and "lds-race" in msgs[0] and "wave 1 pc" in msgs[0]
+    msg = _same_report(body, 1, {"waits", "races"})
+    assert "lds-race" in msg and "wave 1 pc" in msg
