@@ -578,7 +578,12 @@ def build_buffer(inst, ctx):
             if whole_ws:
                 data = np.concatenate(whole_data) if len(whole_data) > 1 else whole_data[0]
                 if nbytes >= 4:         # whole dwords (no sign extension, no d16 half): rows as loaded
-                    shares = _dword_load(whole_ws, _slots(whole_ws), row, data).parts()
+                    load = _dword_load(whole_ws, _slots(whole_ws), row, data)
+                    if waves[0].san is None:        # delivered now: one store
+                        load.store()
+                        shares = [None] * len(whole_ws)
+                    else:
+                        shares = load.parts()
                 else:
                     shares = [lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16)
                               for w, d in zip(whole_ws, data)]
