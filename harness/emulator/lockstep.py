@@ -3,11 +3,12 @@
 A batch (a few workgroups, consecutive in the launch's seeded order) keeps its waves' vector registers in
 one (waves, N, 64) array (each Wave.v is its (N, 64) slice). Waves at the same PC form a group; an
 instruction whose handler is shape-generic (the table-driven VALU ops and the f32 fmac / fmaak / fmamk /
-division-step forms: they read rows and constants, broadcast SGPRs and write rows under EXEC) runs once for each run of consecutive waves with equal EXEC, on a
-view whose rows are (waves, 64); a handler with a `group` attribute (buffer loads, MFMAs, v_cndmask, v_div_scale) takes the
-whole group in one call; every other instruction runs wave by wave with the same handler as alone. A group
-ends where its waves' PCs part (a branch taken by some, a barrier, s_endpgm); the scheduler then forms the
-next one. Barriers are per workgroup, each workgroup keeps its own LDS.
+division-step forms: they read rows and constants, broadcast SGPRs and write rows under EXEC) runs once for
+each run of consecutive waves with equal EXEC, on a view whose rows are (waves, 64); a handler with a
+`group` attribute (buffer loads, LDS accesses, MFMAs, v_cndmask, v_div_scale, s_waitcnt under the sanitizer)
+takes the whole group in one call; every other instruction runs wave by wave with the same handler as alone.
+A group ends where its waves' PCs part (a branch taken by some, a barrier, s_endpgm); the scheduler then
+forms the next one. Barriers are per workgroup, each workgroup keeps its own LDS.
 
 What stays the same as running waves alone: every handler's effect on each wave, the instruction counts,
 the memory/LDS counters (each access is still one wave's), and the sanitizer's per-wave checks (missing

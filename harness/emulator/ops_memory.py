@@ -18,6 +18,7 @@ import numpy as np
 from . import mfma, ranks
 from .lanes import swizzle_source_lanes
 from .operands import exec_mask, parse_operand, raw_reader, row_of, scalar_reader
+from .sanitizer import GroupLoad
 from .semantics import ATOMIC32
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
@@ -115,6 +116,16 @@ def _deliver(w, queue, mask, apply, lds_rec=None):
             apply()
     else:
         s.issue(queue, mask, apply, lds_rec)
+
+
+def _slots(waves):
+    """The waves' register slots (rows of the lockstep batch's register file) as an index array."""
+    return np.fromiter((w.slot for w in waves), np.intp, len(waves))
+
+
+def _dword_load(waves, slots, row, data):
+    """The GroupLoad of whole dwords gathered lane-major ((W, 64, nbytes) uint8) into rows from `row`."""
+    return GroupLoad(waves[0].v.base, slots, row, data.view(U32).reshape(len(slots), WAVE, -1).transpose(0, 2, 1))
 
 
 def _check(w, a, nbytes, act, what, read, write):
@@ -354,7 +365,7 @@ class BufferAddress:
         base = (d0 | ((d1 & 0xFFFF) << 32)) + so
         lim = d2 - so
         regs = waves[0].v.base
-        idx = np.fromiter((w.slot for w in waves), np.intp, n)
+        idx = _slots(waves)
         off = regs[idx, self.vrow].astype(np.int64)
         if self.inst_offset:
             off += self.inst_offset
@@ -493,7 +504,8 @@ def build_buffer(inst, ctx):
             zero-filling the out-of-range dwords. The memory check runs first and only as a whole: if it
             reports, nothing has happened yet and the waves rerun one by one in the group's order, so the
             report is the first wave's, as alone. Each wave's registers are still delivered through its
-            own queue."""
+            own queue: whole-dword loads of the waves with every lane active as shares of one GroupLoad
+            (the group s_waitcnt stores them together), the others as closures."""
             fast, part = [], []
             many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
             for k, (w, f) in enumerate(zip(waves, whole.tolist())):
@@ -538,12 +550,13 @@ def build_buffer(inst, ctx):
                 except Exception:
                     _one_by_one(h, waves)       # as alone: the first wave with a report raises it
                     return
-            got = {}
+            got = {}                    # id(wave) -> what its queue entry delivers (None: no lane active)
+            whole_ws, whole_data = [], []       # waves with every lane active, their (n, 64, nbytes) bytes
             if fast:
                 data = mem_read(a, nbytes)
                 counters.global_load(a, nbytes)
-                for n, w in enumerate(fast):
-                    got[id(w)] = (data[n * WAVE: (n + 1) * WAVE], _ALL)
+                whole_ws += fast
+                whole_data.append(data.reshape(len(fast), WAVE, nbytes))
             if part:
                 safe = np.where(lane_ok, A, SAFE_ADDR)
                 data = mem_read(safe.reshape(-1), nbytes).reshape(P, WAVE, ndw, -1)
@@ -552,16 +565,28 @@ def build_buffer(inst, ctx):
                 data = data.reshape(P, WAVE, nbytes)
                 counters.global_load(A[lane_ok], nbytes)
                 for n, (w, act, _, _) in enumerate(part):
-                    got[id(w)] = (data[n], act) if act is _ALL else \
-                        ((data[n][act], act) if act.any() else None)
-            for w in waves:                     # in the group's order, as alone (a missing wait reports)
-                x = got[id(w)]
-                try:
-                    if x is None:
-                        _deliver(w, "vm", dmask, None)
+                    if act is _ALL:
+                        whole_ws.append(w)
+                        whole_data.append(data[n][None])
                     else:
-                        _deliver(w, "vm", dmask, lambda w=w, d=x[0], act=x[1]: _bytes_to_rows(
-                            w, row, d, act, nbytes, sext, d16))
+                        got[id(w)] = (lambda w=w, d=data[n][act], act=act: _bytes_to_rows(
+                            w, row, d, act, nbytes, sext, d16)) if act.any() else None
+            if whole_ws:
+                data = np.concatenate(whole_data) if len(whole_data) > 1 else whole_data[0]
+                if nbytes >= 4:         # whole dwords (no sign extension, no d16 half): rows as loaded
+                    load = _dword_load(whole_ws, _slots(whole_ws), row, data)
+                    if waves[0].san is None:        # delivered now: one store
+                        load.store()
+                        shares = [None] * len(whole_ws)
+                    else:
+                        shares = load.parts()
+                else:
+                    shares = [lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16)
+                              for w, d in zip(whole_ws, data)]
+                got.update(zip(map(id, whole_ws), shares))
+            for w in waves:                     # in the group's order, as alone (a missing wait reports)
+                try:
+                    _deliver(w, "vm", dmask, got[id(w)])
                 except Exception as e:
                     e.wave = w
                     raise
@@ -638,7 +663,7 @@ def build_buffer(inst, ctx):
         if not len(a):
             return
         regs = waves[0].v.base
-        idx = np.fromiter((w.slot for w in waves), np.intp, n)
+        idx = _slots(waves)
         if shift_hi:
             data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
         else:
@@ -785,7 +810,7 @@ def _lds_group(waves, arow, offsets, nbytes):
         if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF or w.lds.base is not big:
             return None
     size = w0.lds_size
-    idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+    idx = _slots(waves)
     base = w0.v.base[idx, arow].astype(np.int64)                                    # (W, 64), >= 0
     a = base[:, None, :] + np.array(offsets, np.int64)[None, :, None]
     if int(a.max()) > size - nbytes:
@@ -811,12 +836,18 @@ def _lds_scatter(flat, f, data):
         flat[f[..., None] + _BYTES[nbytes]] = data
 
 
-def _lds_deliver(waves, mask, applies, a, nbytes, write):
-    """Each wave's result and race record through its own queue, in the group's order (as alone)."""
+def _lds_deliver(waves, mask, shares, a, nbytes, write):
+    """Each wave's result (shares: a GroupLoad, one closure per wave, or None) and race record through its
+    own queue, in the group's order (as alone); without the sanitizer a GroupLoad is one store now."""
+    if isinstance(shares, GroupLoad):
+        if waves[0].san is None:
+            shares.store()
+            return
+        shares = shares.parts()
     recs = (a[..., None] + _BYTES[nbytes]).reshape(len(waves), -1) if waves[0].san is not None else None
     for n, w in enumerate(waves):
         try:
-            _deliver(w, "lds", mask, applies[n] if applies is not None else None,
+            _deliver(w, "lds", mask, shares[n] if shares is not None else None,
                      (write, recs[n]) if w.san is not None else None)
         except Exception as e:
             e.wave = w
@@ -863,12 +894,7 @@ def build_ds_pair(inst, ctx, kind):
             for k in range(n):
                 counters.lds_access(a[k, 0], size, write=False)
                 counters.lds_access(a[k, 1], size, write=False)
-            if waves[0].san is None:
-                waves[0].v.base[idx, drow: drow + 2 * ndw] = rows
-                return
-            applies = [lambda w=w, r=rows[k]: w.v.__setitem__(slice(drow, drow + 2 * ndw), r)
-                       for k, w in enumerate(waves)]
-            _lds_deliver(waves, dmask, applies, a, size, False)
+            _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, idx, drow, rows), a, size, False)
         h.group = group
         return h
     arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
@@ -931,13 +957,12 @@ def build_ds_rw(inst, ctx, kind):
             data = _lds_gather(flat, f[:, 0], nbytes)                   # (W, 64, nbytes)
             for k in range(len(waves)):
                 counters.lds_access(a[k, 0], nbytes, write=False)
-            if waves[0].san is None and nbytes >= 4:
-                nd = nbytes // 4
-                waves[0].v.base[idx, drow: drow + nd] = data.view(U32).reshape(len(waves), WAVE, nd).transpose(0, 2, 1)
-                return
-            applies = [lambda w=w, d=data[k]: _bytes_to_rows(w, drow, d, _ALL, nbytes, sext, d16)
-                       for k, w in enumerate(waves)]
-            _lds_deliver(waves, dmask, applies, a[:, 0], nbytes, False)
+            if nbytes >= 4:             # whole dwords: one GroupLoad
+                shares = _dword_load(waves, idx, drow, data)
+            else:
+                shares = [lambda w=w, d=data[k]: _bytes_to_rows(w, drow, d, _ALL, nbytes, sext, d16)
+                          for k, w in enumerate(waves)]
+            _lds_deliver(waves, dmask, shares, a[:, 0], nbytes, False)
         h.group = group
         return h
     arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
@@ -1054,14 +1079,11 @@ def _ds_read_tr(inst, ctx, ops, offset, bits):
         g = _lds_group(waves, arow, (offset,), 8)
         if g is None:
             return _one_by_one(h, waves)
-        _, a, f, flat = g
+        idx, a, f, flat = g
         res = mfma.ds_read_tr(bits, _lds_gather(flat, f[:, 0], 8)).view(U32)      # (W, 64, 2)
         for k in range(len(waves)):
             counters.lds_access(a[k, 0], 8, write=False)
-
-        def put(w, r):
-            w.v[drow: drow + 2] = r.T
-        applies = [lambda w=w, r=res[k]: put(w, r) for k, w in enumerate(waves)]
-        _lds_deliver(waves, dmask, applies, a[:, 0], 8, False)
+        _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, idx, drow, res.transpose(0, 2, 1)), a[:, 0], 8,
+                     False)
     h.group = group
     return h

@@ -40,6 +40,7 @@ Memory checking: see MemoryMap.
 
 from __future__ import annotations
 
+import itertools
 import re
 from bisect import bisect_right
 from collections import deque
@@ -347,6 +348,130 @@ class LdsShadow:
                 self.r_epoch[s] = e
             self.r_mask[idx] = self.r_mask[idx] | bit
 
+    def at_once(self, waves, idxs, write: bool) -> bool:
+        """Record accesses of one kind by several waves (wave ids and byte indices, in order) at once when
+        none of them can report, leaving the state access() one by one leaves; False, with nothing recorded,
+        otherwise. None can report when every byte is inside the LDS, none was written in the current epoch
+        and, for writes, none was read in it and no two waves write one byte. Reads then commute (bytes
+        read only in an older epoch forget those readers first)."""
+        idx = np.concatenate(idxs)
+        if not idx.size:
+            return True
+        e = self.epoch
+        if idx.min() < 0 or idx.max() >= self.size or self.w_epoch[idx].max() == e:
+            return False
+        if write:
+            if self.r_epoch[idx].max() == e:
+                return False
+            w_wave = self.w_wave
+            old = w_wave[idx]
+            for wave, i in zip(waves, idxs):
+                w_wave[i] = wave
+            if len(waves) > 1 and (w_wave[idx] != np.repeat(np.array(waves, np.int16), [len(i) for i in idxs])).any():
+                w_wave[idx] = old           # a byte two waves write: one by one, it reports
+                return False
+            self.w_epoch[idx] = e
+            return True
+        rep = self.r_epoch[idx]
+        if rep.min() != e:
+            self.r_mask[idx[rep != e]] = 0
+            self.r_epoch[idx] = e
+        r_mask = self.r_mask
+        for wave, i in zip(waves, idxs):
+            r_mask[i] |= np.uint64(1 << wave)
+        return True
+
+
+# ---- group loads (lockstep) ---------------------------------------------------------------------------
+
+_LOAD_SEQ = itertools.count()
+
+
+class GroupLoad:
+    """The registers one lockstep group load delivers: wave k (register slot slots[k] of the batch's
+    register file `regs`) gets rows [row, row + n) = data[k] ((W, n, 64) uint32). Each wave's queue entry
+    holds its share, a _Part, so it is delivered at that wave's own covering s_waitcnt and never sooner; the
+    group s_waitcnt stores the shares of all the waves it completes in one fancy-indexed store. seq orders
+    two loads into the same registers of a wave (issue order)."""
+
+    __slots__ = ("regs", "slots", "row", "end", "data", "seq")
+
+    def __init__(self, regs, slots, row, data):
+        self.regs, self.slots, self.row, self.end, self.data = regs, slots, row, row + data.shape[1], data
+        self.seq = next(_LOAD_SEQ)
+
+    def parts(self) -> list:
+        return [_Part(self, k) for k in range(len(self.slots))]
+
+    def store(self, ks=None):
+        """Deliver the shares of waves ks (distinct indices; None: every wave)."""
+        if ks is None or len(ks) == len(self.slots):
+            self.regs[self.slots, self.row: self.end] = self.data
+        else:
+            self.regs[self.slots[ks], self.row: self.end] = self.data[ks]
+
+
+class _Part:
+    """One wave's share of a GroupLoad: called, it delivers that wave alone (WaveSan._complete)."""
+
+    __slots__ = ("load", "k")
+
+    def __init__(self, load, k):
+        self.load, self.k = load, k
+
+    def __call__(self):
+        ld = self.load
+        ld.regs[ld.slots[self.k], ld.row: ld.end] = ld.data[self.k]
+
+
+class _Held:
+    """What a group s_waitcnt holds back to its last wave: GroupLoad shares (load -> wave indices), the
+    registers of the current wave's held shares (`mask`), and LDS race records ((WaveSan, record, pc) in
+    completion order)."""
+
+    __slots__ = ("shares", "mask", "recs")
+
+    def __init__(self):
+        self.shares, self.mask, self.recs = {}, 0, []
+
+    def store(self):
+        """Deliver the held shares, older loads first (two loads into one register: the newer wins)."""
+        sh = self.shares
+        for ld in sorted(sh, key=_seq) if len(sh) > 1 else sh:
+            ld.store(sh[ld])
+        sh.clear()
+        self.mask = 0
+
+    def record(self):
+        """The held race records, as each wave's _record in completion order would make them: a workgroup's
+        records of one kind that cannot report at once (LdsShadow.at_once), every other one by one, in
+        order (a report names its wave)."""
+        by = {}
+        for r in self.recs:
+            sh = r[0].races
+            rs = by.get(sh)
+            if rs is None:
+                by[sh] = rs = []
+            rs.append(r)
+        slow = set()
+        for sh, rs in by.items():
+            write = rs[0][1][0]
+            if any(r[1][0] != write for r in rs) or not sh.at_once(
+                    [r[0].wave.wave_id for r in rs], [r[1][1] for r in rs], write):
+                slow.add(sh)
+        if slow:
+            for s, rec, pc in self.recs:
+                if s.races in slow:
+                    try:
+                        s._record(rec, pc)
+                    except Exception as e:
+                        e.wave = s.wave
+                        raise
+
+
+def _seq(ld):
+    return ld.seq
+
 
 # ---- per-wave state -----------------------------------------------------------------------------------
 
@@ -402,11 +527,27 @@ class WaveSan:
         write, idx = lds_rec
         self.races.access(self.wave.wave_id, idx, write, f"'{self._text(pc)}' (pc {pc:#x})")
 
-    def _complete(self, e):
-        if e[1] is not None:
-            e[1]()
+    def _complete(self, e, held):
+        apply = e[1]
+        if apply is not None:
+            if held is not None and type(apply) is _Part:
+                ks = held.shares.get(apply.load)
+                if ks is None:
+                    held.shares[apply.load] = [apply.k]
+                else:
+                    ks.append(apply.k)
+                held.mask |= e[0]
+            else:
+                # a closure touches only its entry's registers (e[0]; missing waits rely on it): shares of
+                # this wave held for them go first
+                if held is not None and e[0] & held.mask:
+                    held.store()
+                apply()
         if e[2] is not None and self.races is not None:
-            self._record(e[2], e[3])
+            if held is not None:
+                held.recs.append((self, e[2], e[3]))
+            else:
+                self._record(e[2], e[3])
 
     def _repend(self):
         p = 0
@@ -416,21 +557,23 @@ class WaveSan:
             p |= e[0]
         self.pend = p
 
-    def waitcnt(self, vm: int, lgkm: int):
+    def waitcnt(self, vm: int, lgkm: int, held=None):
+        """Complete what s_waitcnt vmcnt(vm) lgkmcnt(lgkm) covers. `held` (the group s_waitcnt's _Held)
+        collects GroupLoad shares and race records for after every wave of the group."""
         changed = False
         while len(self.vm) > vm:
-            self._complete(self.vm.popleft())
+            self._complete(self.vm.popleft(), held)
             changed = True
         if len(self.lgkm) > lgkm:
             if lgkm == 0 or not any(e[4] for e in self.lgkm):
                 while len(self.lgkm) > lgkm:
-                    self._complete(self.lgkm.popleft())
+                    self._complete(self.lgkm.popleft(), held)
             else:
                 # SMEM may complete out of order: only LDS operations older than the newest `lgkm` LDS ones
                 lds = [e for e in self.lgkm if not e[4]]
                 done = lds[: max(0, len(lds) - lgkm)]
                 for e in done:
-                    self._complete(e)
+                    self._complete(e, held)
                 ids = {id(e) for e in done}
                 self.lgkm = deque(e for e in self.lgkm if id(e) not in ids)
             changed = True
@@ -527,6 +670,26 @@ def _waitcnt_handler(vm, lgkm):
         s = w.san
         if s is not None:
             s.waitcnt(vm, lgkm)
+
+    def group(waves):
+        """Lockstep: every wave completes its own entries in the group's order, as alone, but the GroupLoad
+        shares wait for one store per load after the last wave (or before a closure into their registers),
+        and the race records for the end (_Held.record: the same state and reports as one by one)."""
+        held = _Held()
+        for w in waves:
+            s = w.san
+            if s is not None:
+                held.mask = 0
+                try:
+                    s.waitcnt(vm, lgkm, held)
+                except Exception as e:
+                    e.wave = w
+                    raise
+        if held.shares:
+            held.store()
+        if held.recs:
+            held.record()
+    h.group = group
     return h
 
 

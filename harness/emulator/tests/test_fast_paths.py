@@ -3,9 +3,12 @@
 - MemoryMap.check's one-range shortcut and clean_read against the per-lane search (reports included);
 - LDS bank conflicts cached by lane pattern against a fresh computation;
 - distinct-address intervals merged in batches against merging every access at once;
-- LdsShadow.access's epoch shortcuts against the plain race check (reports and shadow state).
+- LdsShadow.access's epoch shortcuts against the plain race check (reports and shadow state), and
+  LdsShadow.at_once (a group s_waitcnt's records) against access one by one.
 (The MFMA fast path is checked bit for bit in test_mfma.py::test_fast_path_bitwise.)
 """
+
+import copy
 
 import numpy as np
 import pytest
@@ -255,3 +258,39 @@ def test_lds_shadow_shortcuts_are_the_plain_check(seed):
                 assert np.array_equal(getattr(fast, f), getattr(plain, f)), (stream, step, f)
             if got is not None:
                 break
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lds_records_at_once_are_access_one_by_one(seed):
+    """Batches of one kind (a group s_waitcnt's race records: waves 0..7, overlapping or disjoint bytes,
+    duplicates, indices outside the LDS) after random history: at_once either declines, leaving the shadow
+    untouched, or leaves what access() one by one leaves, which then reports nothing."""
+    rng = np.random.default_rng(seed)
+    size = 96
+    taken = 0
+    for stream in range(60):
+        fast = LdsShadow(size)
+        for _ in range(int(rng.integers(0, 6))):            # history: accesses in older epochs or this one
+            fast.epoch += int(rng.random() < 0.3)
+            try:
+                fast.access(int(rng.integers(0, 8)), rng.integers(0, size, int(rng.integers(1, 12))),
+                            bool(rng.random() < 0.4), "op")
+            except SanitizerError:
+                pass
+        fast.epoch += int(rng.random() < 0.5)
+        plain = copy.deepcopy(fast)
+        write = bool(rng.random() < 0.5)
+        waves = [int(x) for x in rng.integers(0, 8, int(rng.integers(1, 5)))]
+        base = int(rng.integers(-4, size))
+        idxs = [(base + (k * 16 if rng.random() < 0.6 else 0) + rng.integers(0, 12, int(rng.integers(0, 10))))
+                .astype(np.int64) for k in range(len(waves))]
+        before = {f: getattr(fast, f).copy() for f in ("w_wave", "w_epoch", "r_mask", "r_epoch")}
+        if not fast.at_once(waves, [i.copy() for i in idxs], write):
+            assert all(np.array_equal(getattr(fast, f), v) for f, v in before.items()), stream
+            continue
+        taken += 1
+        for wave, i in zip(waves, idxs):
+            plain.access(wave, i.copy(), write, "op")          # raises if one by one would report
+        for f in ("w_wave", "w_epoch", "r_mask", "r_epoch"):
+            assert np.array_equal(getattr(fast, f), getattr(plain, f)), (stream, f)
+    assert taken > 10

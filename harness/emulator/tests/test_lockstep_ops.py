@@ -14,7 +14,7 @@ import pytest
 
 from harness.emulator import engine, numerics
 from harness.emulator.ops_matrix import LANEWISE_CVT
-from harness.emulator.sanitizer import MemoryMap
+from harness.emulator.sanitizer import GroupLoad, MemoryMap, WaveSan
 from harness.emulator.tests.asmkernel import run
 
 SANITIZE = [dict(), dict(sanitize={"waits", "hazards", "races"}),
@@ -545,3 +545,144 @@ def test_overlapping_lds_writes_last_wave_wins(opts):
     np.testing.assert_array_equal(v[4][1], last & 0xff)
     np.testing.assert_array_equal(v[4][2], 192 + np.arange(64))
     np.testing.assert_array_equal(v[4][3], last)
+
+
+# s_waitcnt's group form (sanitizer._waitcnt_handler): group loads' shares (sanitizer.GroupLoad) delivered in
+# one store per load. Loads split across two waitcnts, two loads into one register (the newer wins, also when
+# the group's first wave completed the older one alone: wave 0), a partial-EXEC load (closures: wave 2
+# partly, wave 3 not at all) and a d16 load (a closure merging into a share's register) completing with the
+# shares, wave 1 regrouped between its loads and its waits (waits of its own), LDS reads with a scalar load in
+# flight (lgkmcnt(1) completes only the older LDS reads) and a load waited for across a barrier
+WAITS = BUFFER + """
+  v_readfirstlane_b32 s40, v0
+  v_lshlrev_b32 v50, 2, v0
+  ds_write_b32 v50, v2
+  ds_write_b32 v50, v3 offset:1024
+  ds_write_b32 v50, v4 offset:2048
+  buffer_load_dword v30, v21, s[24:27], 0 offen
+  buffer_load_dwordx2 v[32:33], v21, s[24:27], 0 offen offset:8
+  buffer_load_dword v30, v21, s[24:27], 0 offen offset:4
+  v_cmp_gt_u32 vcc, 0x96, v0
+  s_and_saveexec_b64 s[34:35], vcc
+  buffer_load_dword v32, v21, s[24:27], 0 offen offset:40
+  s_mov_b64 exec, s[34:35]
+  buffer_load_short_d16_hi v33, v21, s[24:27], 0 offen offset:2
+  buffer_load_dword v34, v21, s[24:27], 0 offen offset:12
+  s_cmp_eq_u32 s40, 0
+  s_cbranch_scc1 .Lfirst
+  s_cmp_eq_u32 s40, 64
+  s_cbranch_scc1 .Lapart
+  s_branch .Ljoin
+.Lfirst:
+  s_waitcnt vmcnt(5)
+  s_branch .Ljoin
+.Lapart:
+  s_waitcnt vmcnt(4)
+  s_nop 0
+  s_waitcnt vmcnt(1)
+  s_waitcnt vmcnt(0)
+.Ljoin:
+  s_barrier
+  s_waitcnt vmcnt(2)
+  v_mov_b32 v40, v30
+  v_mov_b32 v41, v32
+  s_waitcnt vmcnt(0)
+  buffer_load_dwordx4 v[36:39], v21, s[24:27], 0 offen offset:20
+  s_waitcnt lgkmcnt(0)
+  s_barrier
+  s_waitcnt vmcnt(0)
+  ds_read_b32 v60, v50 offset:4
+  s_load_dword s50, s[20:21], 0x10
+  ds_read2_b32 v[62:63], v50 offset0:1 offset1:200
+  ds_read_b32 v60, v50 offset:2048
+  s_waitcnt lgkmcnt(1)
+  v_mov_b32 v66, v62
+  v_mov_b32 v67, v63
+  s_waitcnt lgkmcnt(0)
+  v_mov_b32 v68, s50
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_group_waitcnt_delivers_each_waves_loads(opts, monkeypatch):
+    stores = []
+    orig = GroupLoad.store
+
+    def spy(ld, ks=None):
+        stores.append(ks is not None and len(ks) < len(ld.slots))
+        orig(ld, ks)
+    monkeypatch.setattr(GroupLoad, "store", spy)
+    v, _, _ = _both(WAITS, opts, slice(30, 69))
+    x = _inputs()
+    for w in (0, 1, 2, 3):
+        tid = 64 * w + np.arange(64)
+        off = 12 * tid
+        load = lambda o: np.where(off + o + 4 <= 3000, x[np.minimum(off + o, 4092) // 4], 0)  # noqa: E731
+        np.testing.assert_array_equal(v[w][0], load(4))                 # v30: the newer load
+        np.testing.assert_array_equal(v[w][10], load(4))                # v40 copied after its waits
+        np.testing.assert_array_equal(v[w][2], np.where(tid < 150, load(40), load(8)))   # v32: EXEC < 150
+        np.testing.assert_array_equal(v[w][11], v[w][2])
+        hi = (np.where(off + 4 <= 3000, x[np.minimum(off, 4092) // 4], 0) >> 16) << 16
+        np.testing.assert_array_equal(v[w][3], (load(12) & 0xFFFF) | hi)    # v33: d16 high half over it
+        np.testing.assert_array_equal(v[w][30], x[128 + tid])           # v60: the newer LDS read
+        np.testing.assert_array_equal(v[w][32], np.where(tid < 255, x[(tid + 1) % 256], x[64]))    # v62
+        np.testing.assert_array_equal(v[w][36:38], v[w][32:34])
+    assert v[0][38].any() and (v[5][38] == v[0][38]).all()              # s50 from the kernarg input
+    if opts.get("sanitize") and not opts.get("interleave_seed"):
+        assert any(stores)      # some load's shares were stored for part of its waves (0 and 1 wait apart)
+
+
+def _same_report(body, grid, sanitize):
+    """The report `body` stops with, the same text alone and in lockstep (no interleaving)."""
+    msgs = []
+    for lockstep in (False, True):
+        with pytest.raises(engine.SanitizerReport) as err:
+            run(body, inputs=_inputs(), block=256, grid=grid, options=dict(sanitize=sanitize, lockstep=lockstep))
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1]
+    return msgs[0]
+
+
+def test_missing_wait_in_a_regrouped_wave_sees_stale_data(monkeypatch):
+    """Wave 1 leaves its load group before the others' covering s_waitcnt and reads the register early:
+    reported with the same text both ways, and the register still holds its old value (its share of the
+    group load was not delivered with the other waves')."""
+    body = BUFFER + """
+      v_readfirstlane_b32 s40, v0
+      v_mov_b32 v30, 7
+      buffer_load_dword v30, v21, s[24:27], 0 offen
+      s_cmp_eq_u32 s40, 64
+      s_cbranch_scc1 .Learly
+      s_waitcnt vmcnt(0)
+      v_mov_b32 v31, v30
+      s_branch .Ldone
+    .Learly:
+      s_nop 0
+      v_mov_b32 v31, v30
+      s_waitcnt vmcnt(0)
+    .Ldone:
+    """
+    seen = []
+    orig = WaveSan.missing_wait
+
+    def spy(s, i):
+        seen.append(s.wave.v[30].copy())
+        return orig(s, i)
+    monkeypatch.setattr(WaveSan, "missing_wait", spy)
+    msg = _same_report(body, 2, {"waits", "hazards"})
+    assert "missing-wait" in msg and "wave 1" in msg
+    assert len(seen) == 2 and all((s == 7).all() for s in seen)
+
+
+def test_lds_race_found_at_a_group_waitcnt_names_its_wave():
+    """Every wave writes the same LDS bytes; the writes complete (and are recorded) at one s_waitcnt the
+    group runs together: the report names the same wave (the second in slot order), with the same text,
+    both ways (without interleaving: with it, the two ways run different legal orders)."""
+    body = """
+      v_and_b32 v20, 0x3f, v0
+      v_lshlrev_b32 v21, 2, v20
+      ds_write_b32 v21, v2
+      s_waitcnt lgkmcnt(0)
+    """
+    msg = _same_report(body, 1, {"waits", "races"})
+    assert "lds-race" in msg and "wave 1 pc" in msg
