@@ -62,6 +62,8 @@ Conversion-instruction semantics (execute_cvt) and the evidence for each choice:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # --------------------------------------------------------------------------------------------- formats
@@ -486,13 +488,29 @@ def _make_scale_pk_f8_from16(fmt, src16):
 
 
 def _make_scale_pk_up_f8(fmt, out):
-    """v_cvt_scalef32_pk_{f32,f16,bf16}_{fp8,bf8}: src half op_sel[0]."""
+    """v_cvt_scalef32_pk_{f32,f16,bf16}_{fp8,bf8}: src half op_sel[0]. The 16-bit results are lanewise over
+    any leading axes; when every lane has the same scale exponent they come from a table of all 65536 source
+    halves, built by the exact path itself (the attention's fp8 KV loads convert at one scale)."""
+    def exact(w, scale_bits, clamp):
+        v = _apply_scale_up(np.stack([decode64(fmt, w & 0xFF), decode64(fmt, w >> 8)], axis=-1), scale_bits)
+        return _up(v, out, clamp)
+
+    @functools.lru_cache(maxsize=16)
+    def table(exponent: int, clamp: bool) -> np.ndarray:
+        r = exact(np.arange(1 << 16, dtype=np.uint32), np.uint32(exponent << 23), clamp)
+        return (r[..., 0] | (r[..., 1] << 16)).astype(np.uint32)
+
     def run(srcs, dst_old, mods):
         _no_float_mods("v_cvt_scalef32_pk_up_f8", mods, [0])
         w = _extract(srcs[0], 16 * _sel(mods, 4)[0], 16)
-        v = _apply_scale_up(np.stack([decode64(fmt, w & 0xFF), decode64(fmt, w >> 8)], axis=-1), srcs[1])
-        r = _up(v, out, bool(mods.get("clamp")))
-        return r.T.copy() if out == "f32" else (r[:, 0] | (r[:, 1] << 16)).astype(np.uint32)
+        clamp = bool(mods.get("clamp"))
+        if out == "f32":
+            return exact(w, srcs[1], clamp).T.copy()
+        e = scale_exponent(srcs[1])
+        if e.size and (e == e.flat[0]).all():
+            return table(int(e.flat[0]), clamp)[w]
+        r = exact(w, srcs[1], clamp)
+        return (r[..., 0] | (r[..., 1] << 16)).astype(np.uint32)
     return run
 
 

@@ -185,5 +185,7 @@ def build_cvt(inst, ctx):
 LANEWISE_CVT = frozenset((
     "v_cvt_f32_bf8", "v_cvt_f32_fp8", "v_cvt_pk_bf16_f32", "v_cvt_pk_bf8_f32", "v_cvt_pk_fp8_f32",
     "v_cvt_scalef32_f16_bf8", "v_cvt_scalef32_f16_fp8", "v_cvt_scalef32_f32_bf8", "v_cvt_scalef32_f32_fp8",
+    "v_cvt_scalef32_pk_bf16_bf8", "v_cvt_scalef32_pk_bf16_fp8", "v_cvt_scalef32_pk_f16_bf8",
+    "v_cvt_scalef32_pk_f16_fp8",
     "v_cvt_scalef32_pk_bf8_f32", "v_cvt_scalef32_pk_fp4_f32", "v_cvt_scalef32_pk_fp8_f32",
     "v_cvt_scalef32_sr_bf8_f32", "v_cvt_scalef32_sr_fp8_f32", "v_cvt_sr_bf8_f32", "v_cvt_sr_fp8_f32"))

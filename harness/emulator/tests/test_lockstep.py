@@ -25,10 +25,21 @@ from references import OPS  # noqa: E402
 
 PACKAGES = discovery.discover()
 
-# (kernel, tokens): every family of the suite; the MoE at a count it runs whole (it is the slow one)
+# (kernel, tokens): every family of the suite, each at a count it runs whole; the MoE at few tokens (it is the
+# slow one). The prefill attention runs its one-sequence shapes (both windows) at 64 query rows: its regime
+# counts start at 256, and its batched shapes run the same two kernels at 5-40 s a case both ways.
 KERNELS = [("norm/rmsnorm_h2880", 64), ("quant/mxfp8_k512", 32), ("gemm/mxfp8_n640_k2880", 32),
-           ("moe/route_h2880_e128_top4", 16), ("moe/mxfp4_h2880_i384_e128_top4", 4)]
-SHAPES = [(s, tokens) for kernel, tokens in KERNELS for s in cases.op_shapes() if s.kernel == kernel]
+           ("moe/route_h2880_e128_top4", 16), ("moe/mxfp4_h2880_i384_e128_top4", 4),
+           ("attention/rope_kv_q8_kv1_d64", 8), ("attention/paged_q8_kv1_d64", 4)]
+PREFILL_ROWS = 64
+
+
+def _count_for(shape, tokens: int) -> int:
+    return tokens if any(c.phase == "decode" for c in shape.token_counts) else PREFILL_ROWS
+
+
+SHAPES = [(s, _count_for(s, tokens)) for kernel, tokens in KERNELS for s in cases.op_shapes()
+          if s.kernel == kernel and s.dims.get("prefill_sequences", 1) == 1]
 # Kernels where a ticket decides which wave does a piece of work (the routed MoE's down with the combine
 # folded in: the last ticket-holder of a token's columns sums its rows). Which wave draws the last ticket
 # depends on the arrival order, which differs between the two paths by design, and a wave holding several

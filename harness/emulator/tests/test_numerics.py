@@ -250,6 +250,25 @@ def test_cvt_scalef32_pk_up_fp4_and_fp8(out):
         _check_up(got, ref, out, wide)
 
 
+@pytest.mark.parametrize("m", ["fp8", "bf8"])
+@pytest.mark.parametrize("out", ["f16", "bf16"])
+def test_cvt_scalef32_pk_up_f8_table_equals_the_exact_path(m, out):
+    """One scale exponent in every lane takes the 65536-entry table; a second exponent in one lane takes the
+    exact path: the same bits for every source half, at scales from 2^-127 to NaN, with and without clamp."""
+    mnemonic = f"v_cvt_scalef32_pk_{out}_{m}"
+    halves = np.arange(1 << 16, dtype=np.uint32).reshape(-1, 64)
+    word = halves << np.uint32(16)                        # op_sel[0] = 1: the high half
+    for e in (0, 1, 120, 127, 131, 254, 255):
+        for clamp in (0, 1):
+            mods = {"op_sel": [1, 0, 0], "clamp": clamp}
+            scale = np.full(word.shape, e << 23, np.uint32)
+            table = N.execute_cvt(mnemonic, [word, scale], None, dict(mods))
+            mixed = np.concatenate([scale, np.full((1, 64), (e ^ 1) << 23, np.uint32)])
+            exact = N.execute_cvt(mnemonic, [np.concatenate([word, word[:1]]), mixed], None, dict(mods))
+            np.testing.assert_array_equal(table, exact[:-1])
+    assert table.shape == word.shape
+
+
 def _check_up(got, ref, out, wide):
     if out == "f32":
         assert got.shape == (2, 64)
