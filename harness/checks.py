@@ -360,7 +360,8 @@ class Case:
 
     def check(self) -> CaseResult:
         """Run, compare the runs as they finish (only the first run's outputs are kept), then the reference
-        (on the compared rows only, for a sampled `rows_independent` op) and the cosines, freeing each
+        (on the compared rows only, for a sampled `rows_independent` op; on the sampled rows' sequences alone,
+        for a sampled op with `sub_batch`) and the cosines, freeing each
         intermediate once used: the same comparisons on the same bytes, with less held at once."""
         op, real = self.op, self.real
         runs = self.runs()
@@ -390,18 +391,26 @@ class Case:
 
         real_masks = [m[:real] for m in masks]
         rows = None  # the real rows computed and compared (None: all)
-        if op.rows_independent and self.sampling is not None and not op.mutates:
+        sub = None   # a sequence batch's sampled sequences alone, whose reference gives exactly `rows`
+        if (op.rows_independent or op.sub_batch is not None) and self.sampling is not None and not op.mutates:
             wanted = torch.zeros(real, dtype=torch.bool)
             for m in real_masks:
                 if m.numel():
                     wanted |= m.reshape(real, -1).any(dim=1)
             if wanted.any():  # (no row: the reference runs on all, and the case fails as before)
                 rows = wanted.nonzero().flatten()
+                if not op.rows_independent:  # every row of the sampled rows' sequences
+                    sub, full_rows = op.sub_batch(self.clean, rows.tolist())
+                    rows = torch.tensor(full_rows, dtype=torch.long)
                 real_masks = [m.index_select(0, rows) for m in real_masks]
         n_rows = real if rows is None else len(rows)
         clean = self.clean
         del self.clean  # the cached inputs: the reference's mutated arguments are its own copies
-        outputs, expected_state = _reference_call(op, clean, real, rows)
+        if sub is not None:
+            outputs, expected_state = op.reference(**sub), {}
+            del sub
+        else:
+            outputs, expected_state = _reference_call(op, clean, real, rows)
         if not op.mutates:
             del clean
         expected = list(op.to_float(outputs))

@@ -108,6 +108,19 @@ def test_moe_pair_with_an_out_of_range_id_adds_nothing():
     assert out_garbage.abs().sum() > 0
 
 
+def test_kv_fp8_quantize_saturates_and_keeps_nan():
+    """The per-tensor E4M3 KV quantizer: x / scale rounded to nearest even, +-Inf and overflow saturate to
+    +-448 (E4M3 has no Inf), NaN stays NaN, in every chunk of a tensor larger than one chunk."""
+    from references.attention import quantize_fp8
+    x = torch.tensor([1.0, -3.0, 1e6, -1e6, float("inf"), -float("inf"), float("nan"), -float("nan"), 0.3])
+    q = quantize_fp8(x.to(torch.bfloat16), torch.tensor([2.0])).float()
+    assert q[:6].tolist() == [0.5, -1.5, 448.0, -448.0, 448.0, -448.0]
+    assert torch.isnan(q[6:8]).all() and q[8] == torch.tensor(0.15).to(torch.float8_e4m3fn).float()
+    big = torch.randn(3, 1 << 23).mul_(1000).to(torch.bfloat16)   # 3 rows of one chunk's 2^24 elements at most
+    want = torch.where(big.float().isnan(), big.float(), (big.float() / 3).clamp(-448, 448)).to(torch.float8_e4m3fn)
+    assert torch.equal(quantize_fp8(big, torch.tensor([3.0])).view(torch.uint8), want.view(torch.uint8))
+
+
 def test_mxfp8_special_values_follow_the_contract():
     """NaN -> 0x7F whatever its sign; +-Inf -> +-448 in a block of byte 247, dequantized back to +-Inf."""
     y = torch.ones(1, 96)
@@ -276,3 +289,29 @@ def test_moe_tp_partials_sum_to_tp1_and_ranks_follow_vllm():
                                                          activation="gptoss"))
     assert cosine(total, tp1.float()) >= moe.MOE_COSINE_MIN
     assert not torch.equal(total.bfloat16(), tp1)  # a real sum order change: the check could fail
+
+
+# (op, window, prefill batch): the fp8 KV tier serves decode batches only
+SEQUENCE_OPS = [(name, window, prefill) for name, op in OPS.items() if op.sub_batch is not None
+                for window in (128, 0) for prefill in (False, True) if not (prefill and name.endswith("fp8"))]
+
+
+@pytest.mark.parametrize("op_name,window,prefill", SEQUENCE_OPS)
+def test_sequence_reference_alone_equals_in_the_batch(op_name, window, prefill):
+    """What lets a sampled case run the reference on its sampled sequences only: a few sequences' reference
+    bits alone equal their rows of the whole batch's reference (decode, and prefill batches with decode
+    sequences among them)."""
+    op = OPS[op_name]
+    dims = dict(query_heads=8, kv_heads=1, head_dim=64, sliding_window=window,
+                context_lengths=[1, 2, 63, 65, 129, 1000])
+    if prefill:
+        dims.update(prefill_sequences=4, decode_sequences=2, cached_prefix=[0, 64, 1000])
+    tokens = 300 if prefill else 24
+    inputs = op.build_inputs(tokens, dims, 7)
+    (whole,) = op.reference(**inputs)
+    rows = [0, tokens // 2, tokens - 1]
+    sub, full_rows = op.sub_batch(inputs, rows)
+    (alone,) = op.reference(**sub)
+    assert set(rows) <= set(full_rows) and alone.shape[0] == len(full_rows)
+    assert torch.equal(alone.view(torch.uint8), whole[full_rows].view(torch.uint8))
+    assert alone.float().abs().sum() > 0

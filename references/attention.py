@@ -175,9 +175,9 @@ _QUANTIZE_CHUNK = 1 << 24  # elements
 
 
 def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    y = x.float() / scale.float().reshape(())
-    y = torch.where(torch.isnan(y), y, y.clamp(-FP8_MAX, FP8_MAX))
-    return y.to(torch.float8_e4m3fn)
+    # in place on one fp32 temporary; clamp keeps NaN a NaN (E4M3 has no Inf: +-Inf saturate to +-448)
+    y = x.float().div_(scale.float().reshape(()))
+    return y.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
 def split_qkv(qkv: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -34,7 +34,9 @@ class Op:
     pad_inputs: Callable | None = None
     # (inputs, rows) -> (inputs of the sequences owning those token rows, alone; the full batch's rows the
     # sub-batch's rows 0, 1, ... are): ops whose batch is a list of sequences declare it, and the harness
-    # checks batch invariance with it.
+    # checks batch invariance with it. The reference must give a sequence's bits whatever else is in the
+    # batch: a sampled emulator case runs it on the sampled rows' sequences only
+    # (harness/test_references.py::test_sequence_reference_alone_equals_in_the_batch).
     sub_batch: Callable | None = None
     # The reference and to_float compute each token row from that row of the row inputs alone (the other
     # inputs shared): the harness may then compute them on the rows it compares only (a sampled emulator case),
