@@ -750,4 +750,47 @@ def _smem_handler(fn, inst, mask):
         def apply():
             w.s[dst: dst + n] = new
         s.issue("smem", mask, apply)
+
+    if is_buffer:   # (per-wave byte counts: num_records clips each wave's load)
+        return h
+    what = f"'{inst.text.strip()}'"
+
+    def group(waves):
+        """Lockstep: the group's addresses in one memory check (a read check has no side effect), then each
+        wave's load and queue entry in order. Should the check report, the waves run one by one instead, so
+        the report and its wave are the per-wave path's."""
+        mem = waves[0].san.mem if waves[0].san is not None else None
+        if mem is not None and all(w.san is not None and w.san.mem is mem for w in waves):
+            addrs = []
+            for w in waves:
+                sg = w.s
+                base = sg[base_idx] | (sg[base_idx + 1] << 32)
+                off = imm + cimm + (sg[soff_idx] if soff_idx is not None else 0)
+                addrs.append((base + (off & ~3)) & ((1 << 64) - 1))
+            try:
+                mem.check(np.array(addrs), 4 * n, np.zeros(len(addrs), np.int64), what, read=True, write=False)
+            except SanitizerError:
+                one_by_one(waves)
+                raise AssertionError("a grouped scalar-load check reported, the per-wave checks did not")
+            for w in waves:
+                try:
+                    old = w.s[dst: dst + n]
+                    fn(w)
+                    new = w.s[dst: dst + n]
+                    w.s[dst: dst + n] = old
+                    w.san.issue("smem", mask, lambda w=w, new=new: w.s.__setitem__(slice(dst, dst + n), new))
+                except SanitizerError as e:
+                    e.wave = w
+                    raise
+            return
+        one_by_one(waves)
+
+    def one_by_one(waves):
+        for w in waves:
+            try:
+                h(w)
+            except SanitizerError as e:
+                e.wave = w
+                raise
+    h.group = group
     return h

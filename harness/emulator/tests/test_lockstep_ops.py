@@ -125,6 +125,48 @@ def test_buffer_memory_report_names_the_same_wave(interleave, access):
     assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
 
 
+# scalar loads at a per-wave address (wave w reads input bytes 256 w + 0x900..): sanitizer._smem_handler's
+# group form checks the group's addresses at once, then loads and queues each wave's
+SMEM = """
+  v_readfirstlane_b32 s40, v0
+  s_lshl_b32 s41, s40, 2
+  s_add_u32 s42, s20, s41
+  s_addc_u32 s43, s21, 0
+  s_load_dwordx4 s[44:47], s[42:43], 0x900
+  s_load_dword s48, s[42:43], 0x904
+  s_waitcnt lgkmcnt(0)
+  v_mov_b32 v30, s44
+  v_mov_b32 v31, s47
+  v_mov_b32 v32, s48
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_scalar_loads_at_per_wave_addresses(opts):
+    v = _both(SMEM, opts, [30, 31, 32])[0]
+    x = _inputs()
+    for k, regs in enumerate(v):
+        first = (k % 4) * 64 + 0x900 // 4    # dword index: the wave's first thread id, then 0x900 bytes
+        np.testing.assert_array_equal(regs[0], np.full(64, x[first]))
+        np.testing.assert_array_equal(regs[1], np.full(64, x[first + 3]))
+        np.testing.assert_array_equal(regs[2], np.full(64, x[first + 1]))
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_scalar_load_report_names_the_same_wave(interleave):
+    """Only wave 3's scalar load (bytes 768 + 0x900..) reaches past the 2900 mapped bytes: named both ways."""
+    x = _inputs()
+    opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
+    msgs = []
+    for lockstep in (False, True):
+        with pytest.raises(engine.SanitizerReport) as err:
+            run(SMEM, inputs=x, block=256, grid=1,
+                options=dict(opts, lockstep=lockstep, memory=_Map(x.ctypes.data, x.ctypes.data + 2900)))
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1]
+    assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
+
+
 # per-wave operands (16 bytes per thread from the input), MFMAs with VGPR and constant accumulators, two
 # scale forms, one unscaled FP4 one and two bf16 ones; each wave's registers differ
 MFMA = """
