@@ -315,3 +315,30 @@ def test_sequence_reference_alone_equals_in_the_batch(op_name, window, prefill):
     assert set(rows) <= set(full_rows) and alone.shape[0] == len(full_rows)
     assert torch.equal(alone.view(torch.uint8), whole[full_rows].view(torch.uint8))
     assert alone.float().abs().sum() > 0
+
+
+def _one_shape_per_op(ops):
+    """One regime shape of each op (the last declared: the TP8 one where an op has both)."""
+    from harness import cases
+    return list({s.op: s for s in cases.op_shapes() if s.op in ops}.values())
+
+
+ROW_OPS = _one_shape_per_op({name for name, op in OPS.items() if op.rows_independent})
+
+
+@pytest.mark.parametrize("shape", ROW_OPS, ids=lambda s: s.id)
+def test_row_reference_alone_equals_in_the_batch(shape):
+    """What lets a sampled case run the reference on its compared rows only (Op.rows_independent): those rows'
+    reference bits alone equal theirs in the whole batch's reference."""
+    op = OPS[shape.op]
+    dims, tokens = shape.dims, 64
+    if shape.op.startswith("moe"):  # the same reference code on smaller experts (the regime's cost seconds)
+        dims = {**dims, "experts": 16, "hidden": 512, "intermediate": 512}
+    inputs = op.build_inputs(tokens, dims, 11)
+    rows = torch.tensor([0, tokens // 3, tokens - 1])
+    whole = op.reference(**inputs)
+    alone = op.reference(**{k: (v.index_select(0, rows) if k in op.row_inputs else v) for k, v in inputs.items()})
+    assert len(alone) == len(whole)
+    for a, w in zip(alone, whole):
+        assert torch.equal(a.contiguous().view(torch.uint8), w.index_select(0, rows).contiguous().view(torch.uint8))
+    assert any(a.float().abs().sum() > 0 for a in alone)

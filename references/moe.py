@@ -503,12 +503,14 @@ OPS = (
     Op("moe_route_softmax_topk", moe_route_softmax_topk, build_route_inputs, routing_matrix, ("routing",),
        ROUTE_COSINE_MIN, ("x",), build_cancelling=build_route_cancelling_inputs,
        build_special=build_route_special_inputs),
+    # a token's result is its own row's (activation quantized per row, its own k experts): a sampled case's
+    # reference runs only the sampled tokens' experts
     Op("moe_mxfp4_gptoss", moe_mxfp4_gptoss,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="gptoss"),
-       _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),
+       _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids"), rows_independent=True),
     Op("moe_routed_mxfp4_gptoss", moe_routed_mxfp4_gptoss, build_routed_moe_inputs, _as_float, ("out",),
-       MOE_COSINE_MIN, ("x",)),
+       MOE_COSINE_MIN, ("x",), rows_independent=True),
     Op("moe_mxfp4_swiglu", moe_mxfp4_swiglu,
        lambda t, d, s: build_moe_inputs(t, d, s, activation="swiglu"),
-       _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids")),
+       _as_float, ("out",), MOE_COSINE_MIN, ("x", "topk_weights", "topk_ids"), rows_independent=True),
 )
