@@ -29,6 +29,7 @@ class KernelPackage:
     # emulator_workgroups() names the workgroups a sample of token rows needs), "" = no sampling
     workgroups: str
     emulator_token_counts: tuple  # token counts the emulator checks by default; () = every regime count
+    # ... or every regime count up to this many tokens (kernel.toml [emulator] token_counts_up_to; 0 = no bound)
     readme: Path
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. the MoE packages run
     # their small token counts whole)
@@ -40,15 +41,21 @@ class KernelPackage:
     # op -> the batch-invariance counts the emulator runs (kernel.toml [emulator.op_invariance_counts]), for
     # an op whose tiers are another op's, checked there at every edge; else the harness's list
     emulator_op_invariance_counts: dict = field(default_factory=dict)
+    emulator_up_to: int = 0
 
     def emulator_counts_for(self, op: str) -> tuple:
         return tuple(self.emulator_op_token_counts.get(op, self.emulator_token_counts))
 
     def checked_by_default(self, op: str, tokens: int, emulated: bool) -> bool:
         """Does CI check `op` at `tokens` (and `harness run` without --all)? A GPU checks every count; the
-        emulator the kernel.toml [emulator] set, or every count where the package lists none."""
+        emulator the kernel.toml [emulator] set (the op's own list, else the package's list or bound), or
+        every count where the package gives none."""
+        if not emulated:
+            return True
         subset = self.emulator_counts_for(op)
-        return not emulated or not subset or tokens in subset
+        if subset:
+            return tokens in subset
+        return not self.emulator_up_to or tokens <= self.emulator_up_to
 
     def import_entries(self) -> dict:
         mod = importlib.import_module(self.module)
@@ -89,5 +96,6 @@ def discover() -> dict[str, KernelPackage]:
                                       data.get("emulator", {}).get("op_token_counts", {}).items()},
             emulator_op_invariance_counts={op: tuple(c) for op, c in
                                            data.get("emulator", {}).get("op_invariance_counts", {}).items()},
+            emulator_up_to=int(data.get("emulator", {}).get("token_counts_up_to", 0)),
         )
     return packages
