@@ -29,7 +29,6 @@ class KernelPackage:
     # emulator_workgroups() names the workgroups a sample of token rows needs), "" = no sampling
     workgroups: str
     emulator_token_counts: tuple  # token counts the emulator checks by default; () = every regime count
-    # ... or every regime count up to this many tokens (kernel.toml [emulator] token_counts_up_to; 0 = no bound)
     readme: Path
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. the MoE packages run
     # their small token counts whole)
@@ -41,6 +40,8 @@ class KernelPackage:
     # op -> the batch-invariance counts the emulator runs (kernel.toml [emulator.op_invariance_counts]), for
     # an op whose tiers are another op's, checked there at every edge; else the harness's list
     emulator_op_invariance_counts: dict = field(default_factory=dict)
+    # where no list applies: every regime count up to this many tokens (kernel.toml [emulator]
+    # token_counts_up_to; 0 = every count)
     emulator_up_to: int = 0
 
     def emulator_counts_for(self, op: str) -> tuple:
