@@ -116,7 +116,7 @@ def test_kv_fp8_quantize_saturates_and_keeps_nan():
     q = quantize_fp8(x.to(torch.bfloat16), torch.tensor([2.0])).float()
     assert q[:6].tolist() == [0.5, -1.5, 448.0, -448.0, 448.0, -448.0]
     assert torch.isnan(q[6:8]).all() and q[8] == torch.tensor(0.15).to(torch.float8_e4m3fn).float()
-    big = torch.randn(3, 1 << 23).mul_(1000).to(torch.bfloat16)   # 3 rows of one chunk's 2^24 elements at most
+    big = torch.randn(3, 1 << 23).mul_(1000).to(torch.bfloat16)   # above one 2^24-element chunk: 2 chunks
     want = torch.where(big.float().isnan(), big.float(), (big.float() / 3).clamp(-448, 448)).to(torch.float8_e4m3fn)
     assert torch.equal(quantize_fp8(big, torch.tensor([3.0])).view(torch.uint8), want.view(torch.uint8))
 
