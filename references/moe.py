@@ -67,6 +67,8 @@ real rows.
 from __future__ import annotations
 
 import functools
+import hashlib
+import math
 
 import torch
 
@@ -221,20 +223,19 @@ def _scale_byte(k: int, in_rms: float, out_rms: float) -> int:
     """E8M0 byte that makes a K-long dot product of inputs with rms `in_rms` land near `out_rms`.
 
     Uniform E2M1 codes have rms ~2.93."""
-    import math
-
     return 127 + round(math.log2(out_rms / (2.93 * math.sqrt(k) * in_rms)))
 
 
 def _weight_plan(hidden: int, inter: int, experts: int, biases: bool) -> list[tuple]:
-    """The checkpoint's random draws in their order: (name, "codes", [E, n, k] uint8, low, high) drawn with
-    randint, or (name, "normal", [E, n] bf16, std) drawn with randn. One list for the eager and the lazy build."""
+    """The checkpoint's random tensors: (name, "codes", [E, n, k] uint8, low, high), uniform integers in
+    [low, high) drawn per row block (_draw_block), or (name, "normal", [E, n] bf16, std) drawn whole with randn.
+    One list for the eager and the lazy build."""
     two_i = 2 * inter
 
     def codes(name, n, k):
         return (name, "codes", (experts, n, k // 2), 0, 256)
 
-    def scales(name, n, k, byte):  # byte - 1 .. byte + 1, drawn as uint8 (an int64 draw is 8x the bytes)
+    def scales(name, n, k, byte):  # byte - 1 .. byte + 1
         return (name, "codes", (experts, n, k // MX_BLOCK), byte - 1, byte + 2)
 
     plan = [codes("w13_blocks", two_i, hidden), scales("w13_scales", two_i, hidden, _scale_byte(hidden, 1.0, 2.5))]
@@ -246,66 +247,90 @@ def _weight_plan(hidden: int, inter: int, experts: int, biases: bool) -> list[tu
     return plan
 
 
-def _draw_normal(shape, std, gen) -> torch.Tensor:
+# Rows of one expert drawn from one generator seed. TP8 shards start at multiples of 768 w13 rows, so a rank's
+# rows are drawn without the other ranks'.
+ROW_BLOCK = 256
+
+
+def _draw_seed(seed: int, name: str, expert: int = 0, block: int = 0) -> int:
+    """The generator seed of one row block of one expert of a checkpoint tensor (or of a whole "normal" one):
+    a hash of where it sits, so any block is drawn alone, with nothing drawn before it."""
+    key = f"{seed}:{name}:{expert}:{block}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def _draw_block(plan_entry: tuple, seed: int, expert: int, block: int, gen: torch.Generator,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows [ROW_BLOCK block, ...) of one expert of a "codes" tensor, [rows, *shape[2:]] uint8 (into `out`,
+    a contiguous tensor of that shape, when given)."""
+    name, _, shape, low, high = plan_entry
+    rows = min(ROW_BLOCK, shape[1] - block * ROW_BLOCK)
+    out = torch.empty((rows, *shape[2:]), dtype=torch.uint8) if out is None else out
+    gen.manual_seed(_draw_seed(seed, name, expert, block))
+    if (low, high) != (0, 256):
+        return torch.randint(low, high, out.shape, dtype=torch.uint8, generator=gen, out=out)
+    # every byte uniform: 64-bit draws, 8 bytes each (randint draws 32 bits a byte); little-endian bytes (every
+    # host we run). In place where `out` is whole 8-byte words.
+    count = out.numel()
+    if count % 8 == 0 and out.storage_offset() % 8 == 0:
+        out.view(-1).view(torch.int64).random_(-2**63, None, generator=gen)
+        return out
+    words = torch.empty(-(-count // 8), dtype=torch.int64).random_(-2**63, None, generator=gen)
+    out.copy_(words.view(torch.uint8)[:count].view(out.shape))
+    return out
+
+
+def _draw_normal(shape, std, seed: int, name: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(_draw_seed(seed, name))
     return (std * torch.randn(*shape, generator=gen)).to(torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=1)
 def _weights(hidden: int, inter: int, experts: int, biases: bool, seed: int) -> dict:
     """Expert weights in checkpoint layout, seeded by the shape only: every token count of one shape
-    sees the same model (and the builder is fast after the first call)."""
-    gen = torch.Generator().manual_seed(seed)
+    sees the same model. Filled block by block (the definition the lazy build's slices are checked against);
+    inside a FakeTensorMode the uint8 tensors are left unfilled (a fake tensor holds no bytes)."""
+    gen = torch.Generator()
     w = {}
-    for name, kind, shape, *args in _weight_plan(hidden, inter, experts, biases):
-        if kind == "codes":
-            w[name] = torch.randint(args[0], args[1], shape, dtype=torch.uint8, generator=gen)
-        else:
-            w[name] = _draw_normal(shape, args[0], gen)
+    for entry in _weight_plan(hidden, inter, experts, biases):
+        name, kind, shape = entry[:3]
+        if kind == "normal":
+            w[name] = _draw_normal(shape, entry[3], seed, name)
+            continue
+        w[name] = torch.empty(shape, dtype=torch.uint8)
+        if _faking():
+            continue
+        for e in range(shape[0]):
+            for b in range(-(-shape[1] // ROW_BLOCK)):
+                _draw_block(entry, seed, e, b, gen, out=w[name][e, b * ROW_BLOCK:(b + 1) * ROW_BLOCK])
     return w
 
 
 class _WeightStream:
-    """_weights' draws replayable per expert: the generator's state before every ROW_BLOCK rows of each expert
-    of each uint8 tensor (5 KB each; randint draws one 32-bit number per byte, in order, so bytes drawn from a
-    recorded state are the same bytes as that part of the whole tensor), and the small bf16 biases whole. Made
-    in one pass over the draws (~4 s at gpt-oss TP1), holding a row block at a time. Row blocks let a TP
-    shard's w13 rows be drawn without the other ranks' rows (TP8 shards start at multiples of 768 rows)."""
-
-    ROW_BLOCK = 256
+    """_weights' uint8 tensors drawn in parts: any experts' rows, block by block from their seeds (_draw_block),
+    bit for bit the same as that part of the whole tensor; the small bf16 biases held whole."""
 
     def __init__(self, hidden, inter, experts, biases, seed):
-        gen = torch.Generator().manual_seed(seed)
+        self.seed = seed
         self.plan = {p[0]: p for p in _weight_plan(hidden, inter, experts, biases)}
-        self.states, self.whole = {}, {}
-        for name, kind, shape, *args in self.plan.values():
-            if kind == "normal":
-                self.whole[name] = _draw_normal(shape, args[0], gen)
-                continue
-            rows = shape[1]
-            buf = torch.empty((self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8)
-            self.states[name] = [[] for _ in range(shape[0])]
-            for e in range(shape[0]):
-                for r in range(0, rows, self.ROW_BLOCK):
-                    self.states[name][e].append(gen.get_state())
-                    n = min(self.ROW_BLOCK, rows - r)
-                    torch.randint(args[0], args[1], (n, *shape[2:]), dtype=torch.uint8, generator=gen, out=buf[:n])
+        self.whole = {name: _draw_normal(shape, args[0], seed, name)
+                      for name, kind, shape, *args in self.plan.values() if kind == "normal"}
 
     def draw(self, name: str, lo: int, hi: int, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """Rows [r0, r1) of experts [lo, hi) of tensor `name`, bit for bit _weights(...)[name][lo:hi, r0:r1]."""
-        _, _, shape, low, high = self.plan[name]
+        entry = self.plan[name]
+        shape = entry[2]
         r1 = shape[1] if r1 is None else r1
+        out = torch.empty((max(0, hi - lo), max(0, r1 - r0), *shape[2:]), dtype=torch.uint8)
         gen = torch.Generator()
-        if lo >= hi or r0 >= r1:
-            return torch.empty((max(0, hi - lo), max(0, r1 - r0), *shape[2:]), dtype=torch.uint8)
-        if r0 == 0 and r1 == shape[1]:  # whole experts: one run of draws
-            gen.set_state(self.states[name][lo][0])
-            return torch.randint(low, high, (hi - lo, *shape[1:]), dtype=torch.uint8, generator=gen)
-        block = r0 // self.ROW_BLOCK
-        out = torch.empty((hi - lo, r1 - r0, *shape[2:]), dtype=torch.uint8)
-        for e in range(lo, hi):  # each expert from the state before its first wanted row block
-            gen.set_state(self.states[name][e][block])
-            rows = torch.randint(low, high, (r1 - block * self.ROW_BLOCK, *shape[2:]), dtype=torch.uint8, generator=gen)
-            out[e - lo] = rows[r0 - block * self.ROW_BLOCK:]
+        for e in range(lo, hi):
+            for b in range(r0 // ROW_BLOCK, -(-r1 // ROW_BLOCK)):
+                first, last = max(r0, b * ROW_BLOCK), min(r1, (b + 1) * ROW_BLOCK)  # the block's wanted rows
+                into = out[e - lo, first - r0:last - r0]
+                if last - first == min(ROW_BLOCK, shape[1] - b * ROW_BLOCK):  # the whole block: drawn in place
+                    _draw_block(entry, self.seed, e, b, gen, out=into)
+                else:
+                    into.copy_(_draw_block(entry, self.seed, e, b, gen)[first - b * ROW_BLOCK:last - b * ROW_BLOCK])
         return out
 
 
