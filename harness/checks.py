@@ -51,8 +51,14 @@ from references import OPS, cosine
 
 # On the emulator, launches with more workgroups than this run a sample of this many.
 EMULATOR_SAMPLE_WORKGROUPS = 16
-# `workgroups = "tokens"`: the token rows a sampled run computes (each MoE token costs its top-k tiles).
+# `workgroups = "tokens"`: the token rows a sampled run computes, where the package's kernel.toml gives no
+# `sample_tokens` (each MoE token costs its top-k tiles; each attention row its sequence's workgroups).
 EMULATOR_SAMPLE_TOKENS = 3
+
+
+def sample_tokens(package) -> int:
+    """The token rows a sampled run of `package` computes."""
+    return package.sample_tokens or EMULATOR_SAMPLE_TOKENS
 # Sanitizer detectors the harness runs with (AMD_KERNELS_SANITIZE=0 turns them off, for timing only).
 SANITIZE = os.environ.get("AMD_KERNELS_SANITIZE", "1") != "0"
 
@@ -304,7 +310,7 @@ class Case:
         if self.sampling.token_axis is not None:
             return dict(workgroup_sample=EMULATOR_SAMPLE_WORKGROUPS, sample_seed=0)
         draw = random.Random(seed_of("tokens", self.seed))
-        rows = draw.sample(range(self.real), min(self.real, EMULATOR_SAMPLE_TOKENS))
+        rows = draw.sample(range(self.real), min(self.real, sample_tokens(self.package)))
         return dict(workgroup_filter=functools.partial(tokens_hook(self.package), frozenset(sorted(rows))))
 
     def runs(self):
@@ -622,7 +628,7 @@ def check_sequence_invariance(package, entry, op_name: str, dims: dict, tokens: 
     dev = devices.current().torch_device
     entry_name = package.entry_for_op(op_name)
     clean = built_inputs(op, tokens, real, dims, seed)
-    picked = sorted(random.Random(seed_of("invariance", seed)).sample(range(real), min(real, EMULATOR_SAMPLE_TOKENS)))
+    picked = sorted(random.Random(seed_of("invariance", seed)).sample(range(real), min(real, sample_tokens(package))))
     sub, rows = op.sub_batch(clean, picked)
     sampled = devices.current().emulated and package.workgroups == "tokens"
 

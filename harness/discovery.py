@@ -33,6 +33,9 @@ class KernelPackage:
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. the MoE packages run
     # their small token counts whole)
     sample_above_tokens: int = 0
+    # `workgroups = "tokens"`: the token rows a sampled run computes (kernel.toml `sample_tokens`; 0 = the
+    # harness's EMULATOR_SAMPLE_TOKENS)
+    sample_tokens: int = 0
     # multi-GPU kernels: the harness runs their cases on this many ranks (harness/multirank.py)
     ranks: int = 1
     # op -> its own emulator token counts (kernel.toml [emulator.op_token_counts]), else emulator_token_counts
@@ -91,6 +94,7 @@ def discover() -> dict[str, KernelPackage]:
             workgroups=data.get("workgroups", ""),
             emulator_token_counts=tuple(data.get("emulator", {}).get("token_counts", ())),
             sample_above_tokens=int(data.get("sample_above_tokens", 0)),
+            sample_tokens=int(data.get("sample_tokens", 0)),
             readme=decl.parent / "README.md",
             ranks=int(data.get("ranks", 1)),
             emulator_op_token_counts={op: tuple(c) for op, c in

@@ -38,9 +38,12 @@ def test_a_case_samples_only_where_it_may():
     assert big.sampling == checks.SAMPLINGS["tiles"] and big.emulator_options()["workgroup_sample"] > 0
     rope = _case("attention/rope_kv_q8_kv1_d64", "rope_kv_write", 8192, 8192)  # mutates the KV cache
     assert rope.sampling is None
-    moe = _case("moe/mxfp4_h2880_i384_e128_top4", "moe_mxfp4_gptoss", 64, 57)
-    rows = moe.emulator_options()["workgroup_filter"].args[0]
-    assert len(rows) == checks.EMULATOR_SAMPLE_TOKENS and max(rows) < 57
+    for path in [p for p in PACKAGES if p.startswith("moe/mxfp4_")]:  # the floor: 8 sampled MoE rows
+        moe = _case(path, next(iter(PACKAGES[path].entries.values())), 64, 57)
+        rows = moe.emulator_options()["workgroup_filter"].args[0]
+        assert len(rows) == checks.sample_tokens(PACKAGES[path]) >= 8 and max(rows) < 57, path
+    paged = _case("attention/paged_q8_kv1_d64", "paged_attention", 64, 57)
+    assert len(paged.emulator_options()["workgroup_filter"].args[0]) == checks.EMULATOR_SAMPLE_TOKENS
 
 
 def _torch_case(entry, tokens: int, real: int) -> checks.Case:

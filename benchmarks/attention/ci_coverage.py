@@ -5,7 +5,7 @@ then a summary table per package, op and layer. No kernel runs; it replays the h
     ./env.sh python3 -m benchmarks.attention.ci_coverage
 
 Every paged-attention case runs sampled (kernel.toml workgroups = "tokens", sample_above_tokens = 0):
-harness/checks.py draws EMULATOR_SAMPLE_TOKENS query rows of the real ones, and the package's
+harness/checks.py draws sample_tokens(package) query rows of the real ones, and the package's
 emulator_workgroups() runs every split of those rows' sequences, in every KV head up to
 EMULATOR_ALL_HEADS_KEYS keys and in one KV head above; only the output bytes those workgroups store are
 compared. A count is whole when every real sequence is sampled and none is above that length.
@@ -45,7 +45,7 @@ def main() -> None:
                                        "invariance")):
                 lens = attention.context_lengths_of(count.tokens, shape.dims, seed)[:count.real]
                 rows = sorted(random.Random(checks.seed_of(salt, seed)).sample(
-                    range(count.real), min(count.real, checks.EMULATOR_SAMPLE_TOKENS)))
+                    range(count.real), min(count.real, checks.sample_tokens(pkg))))
                 cut = [lens[r] > paged_entries.EMULATOR_ALL_HEADS_KEYS and hkv > 1 for r in rows]
                 picked = [f"{lens[r]}{f' (1 of {hkv} KV heads)' if c else ''}" for r, c in zip(rows, cut)]
                 whole = len(rows) == count.real and not any(cut)
