@@ -194,19 +194,32 @@ def _rows_owned(records, tokens: int) -> torch.Tensor:
 
 
 def stored_mask(records, t: torch.Tensor) -> torch.Tensor:
-    """Bool mask (t.shape) of the elements of contiguous `t` whose every byte some launch stored."""
-    nbytes = t.numel() * t.element_size()
-    covered = np.zeros(nbytes + 1, np.int64)
+    """Bool mask (t.shape) of the elements of contiguous `t` whose every byte some launch stored.
+
+    The stored byte intervals inside `t` are merged (sorted by start, a running maximum of the ends), so the
+    merged ones are disjoint with gaps between them: an element is covered iff one merged interval holds all
+    its bytes. Those elements are marked with a 0/1 difference array over the elements (work in the element
+    count and the interval count, not in bytes)."""
+    size = t.element_size()
+    nbytes = t.numel() * size
     lo = t.data_ptr()
-    for rec in records:
-        iv = rec.stored if rec.stored is not None else np.zeros((0, 2), np.int64)
-        iv = iv[(iv[:, 1] > lo) & (iv[:, 0] < lo + nbytes)]
-        if len(iv):
-            np.add.at(covered, np.clip(iv[:, 0] - lo, 0, nbytes), 1)
-            np.add.at(covered, np.clip(iv[:, 1] - lo, 0, nbytes), -1)
-    byte = np.cumsum(covered[:-1]) > 0
-    el = byte.reshape(-1, t.element_size()).all(axis=1) if nbytes else byte
-    return torch.from_numpy(el.copy()).reshape(t.shape)
+    parts = [rec.stored for rec in records if rec.stored is not None and len(rec.stored)]
+    iv = np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
+    iv = np.clip(iv[(iv[:, 1] > lo) & (iv[:, 0] < lo + nbytes)] - lo, 0, nbytes)
+    el = np.zeros(t.numel() + 1, np.int8)
+    if len(iv):
+        iv = iv[np.argsort(iv[:, 0], kind="stable")]
+        ends = np.maximum.accumulate(iv[:, 1])
+        first = np.ones(len(iv), bool)
+        first[1:] = iv[1:, 0] > ends[:-1]           # a gap before it: a new merged interval starts
+        last = np.append(first[1:], True)
+        e0 = -(-iv[first, 0] // size)               # the first element wholly inside
+        e1 = ends[last] // size                     # one past the last
+        keep = e1 > e0
+        np.add.at(el, e0[keep], 1)                  # disjoint ranges: the running sum stays 0 or 1
+        np.add.at(el, e1[keep], -1)
+    mask = np.cumsum(el[:-1], dtype=np.int8) > 0
+    return torch.from_numpy(mask).reshape(t.shape)
 
 
 def _stored_masks(records, outputs) -> list:

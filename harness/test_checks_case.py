@@ -90,3 +90,27 @@ def test_a_padding_leak_is_caught_and_told_from_order():
     result = _torch_case(entry, 8, 5).check()
     assert result.deterministic and not result.padding_harmless
     assert "garbage in graph-padding rows changed real rows" in result.failures(0.999)
+
+
+def test_stored_mask_marks_the_elements_whose_every_byte_was_stored():
+    """checks.stored_mask (merged intervals, an element difference array) against a byte map built interval
+    by interval: overlapping, adjacent, empty and element-straddling intervals, some partly or wholly outside
+    the tensor, several launches, one with no stores; 1-, 2-, 4- and 8-byte elements."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        t = torch.zeros(int(rng.integers(1, 300)), dtype=(torch.uint8, torch.bfloat16, torch.float32,
+                                                          torch.int64)[trial % 4])
+        lo, nbytes = t.data_ptr(), t.numel() * t.element_size()
+        records = [SimpleNamespace(stored=None)]
+        for _ in range(int(rng.integers(0, 4))):
+            starts = rng.integers(lo - 20, lo + nbytes + 20, int(rng.integers(0, 30)))
+            records.append(SimpleNamespace(stored=np.stack([starts, starts + rng.integers(0, 12, len(starts))],
+                                                           axis=1).astype(np.int64).reshape(-1, 2)))
+        byte = np.zeros(nbytes, bool)
+        for rec in records[1:]:
+            for s, e in rec.stored:
+                byte[max(s, lo) - lo: max(min(e, lo + nbytes) - lo, 0)] = True
+        want = torch.from_numpy(byte.reshape(-1, t.element_size()).all(axis=1))
+        assert torch.equal(checks.stored_mask(records, t), want), trial
