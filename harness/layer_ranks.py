@@ -57,8 +57,14 @@ def run(config: dict, shard_dir: str, timeout: float = 1800.0) -> list:
     of different sizes (chunked prefill) "reals": real rows per step in place of "real", and "rows": per step
     the sampled rows the "tokens" steps run (harness/chain.py; the chains' outputs are compared on those);
     shard_dir holds every rank's save_shard -> per rank, worker's result."""
+    from harness import device as devices
+    from harness import multirank
     from harness.emulator import ranks
 
+    if devices.current().emulated:  # the layer's variants in the disk cache before 8 ranks look for them
+        layer = chain.load_layer(REGIME, WORLD)
+        for st in dict.fromkeys((st.kernel, st.entry) for st in (*layer.first_steps, *layer.steps)):
+            multirank.compile_for_ranks(chain._entry(*st)[0].module, st[1])
     return ranks.run(worker, world=WORLD, args=(shard_dir, config), timeout=timeout, seed=config["seed"])
 
 

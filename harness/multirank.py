@@ -198,12 +198,28 @@ def _call(entry, inputs, comm, emulated, order_seed, sample=None, sample_seed=0,
     return out, list(records)
 
 
+def compile_for_ranks(module: str, entry_name: str) -> None:
+    """Compile the entry's variants into the disk cache here, before its rank processes start (emulator only:
+    this process then loads them too). Otherwise every rank, finding the cache cold, would start its own
+    compile workers and compile the same variants (a cold allreduce run cost 90 CPU-s against 49 warm). Not
+    a caller's warm-up: serving in this process is not armed by it (compile_watch)."""
+    import importlib
+
+    entry = getattr(importlib.import_module(module), entry_name)
+    keys = list(dict.fromkeys(k for mode in entry.modes.values() for k in mode))
+    entry.table.warm(keys, f"{entry_name} (for its ranks)", arm=False)
+
+
 def check_cases(module: str, entry_name: str, op: str, dims: dict, counts: list, world: int = 8,
                 sample_above: int = 0) -> list:
     """Run every (tokens, real, seed) of `counts` on `world` ranks (one set of rank processes for all);
     returns a MultiRankResult per count."""
     from harness.emulator import ranks
 
+    from harness import device as devices
+
+    if devices.current().emulated:
+        compile_for_ranks(module, entry_name)
     per_rank = ranks.run(rank_worker, world=world, args=(module, entry_name, op, dims, list(counts), sample_above),
                          seed=counts[0][2])
     return [_judge(op, dims, tokens, real, seed, [pr[i] for pr in per_rank])

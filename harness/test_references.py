@@ -342,3 +342,38 @@ def test_row_reference_alone_equals_in_the_batch(shape):
     for a, w in zip(alone, whole):
         assert torch.equal(a.contiguous().view(torch.uint8), w.index_select(0, rows).contiguous().view(torch.uint8))
     assert any(a.float().abs().sum() > 0 for a in alone)
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_paged_inputs_hold_values_in_each_sequences_keys_and_garbage_elsewhere(window):
+    """build_paged_attention_inputs' cache layout, slot by slot: a sequence's live blocks (its table entries
+    from the window's first block) hold N(0, 1) values in its first keys and the garbage block's bytes after
+    them; every other block is the garbage block; table entries before the window name one garbage block,
+    entries past the sequence garbage blocks."""
+    from references import attention as A
+
+    dims = {"query_heads": 8, "kv_heads": 2, "sliding_window": window}
+    q_lens = [1, 1, 2, 64, 1, 7]
+    inputs = A.build_paged_attention_inputs(sum(q_lens), dims, 3, seq_lens=[1, 64, 65, 200, 300, 7], q_lens=q_lens)
+    table, lens = inputs["block_table"], inputs["seq_lens"].tolist()
+    for cache in (inputs["key_cache"], inputs["value_cache"]):
+        bits = cache.view(torch.int16)
+        live, before_window = {}, set()
+        for b, (L, ql) in enumerate(zip(lens, q_lens)):
+            first = max(0, L - ql - window + 1) // 64 if window else 0
+            for j in range(first, -(-L // 64)):
+                live[int(table[b, j])] = L - 64 * j  # keys this block holds (64 or more: full)
+            before_window.update(table[b, :first].tolist())
+        spare = [blk for blk in range(cache.shape[0]) if blk not in live]
+        pattern = bits[spare[0]]
+        assert all(torch.equal(bits[blk], pattern) for blk in spare)  # one garbage block, everywhere unused
+        garbage = cache[spare[0]].float()
+        assert (garbage.isnan() | (garbage.abs() >= 1e3)).float().mean() > 0.9
+        assert len(before_window) == (1 if window else 0) and before_window <= set(spare)
+        for blk, keys in live.items():
+            values = cache[blk, :min(keys, 64)].float()
+            assert values.isfinite().all() and values.abs().max() < 8 and values.std() > 0.5, blk
+            if keys < 64:
+                assert torch.equal(bits[blk, keys:], pattern[keys:]), blk
+        past = {int(t) for b, L in enumerate(lens) for t in table[b, -(-L // 64):].tolist()}
+        assert past <= set(spare)

@@ -463,14 +463,32 @@ def _garbage(shape, gen) -> torch.Tensor:
     return torch.where(kind == 4, noise, pattern[kind.clamp(max=3)]).to(torch.bfloat16)
 
 
-def _fill_blocks(cache: torch.Tensor, ids: list[int], keys: int, pool: torch.Tensor, gen) -> None:
-    """The first `keys` slots of blocks `ids` (in order) of `cache` [num_blocks, 64, hkv, 64] <- N(0, 1)
-    bf16 values: block j gets pool[s_j : s_j + its element count], s_j seeded uniform (distinct blocks)."""
-    per_block = cache[0].numel()
-    starts = torch.randint(0, pool.numel() - per_block + 1, (len(ids),), generator=gen).tolist()
-    for j, (blk, s) in enumerate(zip(ids, starts)):
-        n = min(BLOCK_SIZE, keys - j * BLOCK_SIZE)
-        cache[blk, :n] = pool[s:s + per_block].view(cache.shape[1:])[:n]
+def _pool_starts(blocks: int, per_block: int, pool: torch.Tensor, gen) -> torch.Tensor:
+    """The seeded pool offsets of `blocks` cache blocks: block j's values are pool[s_j : s_j + per_block]
+    (distinct blocks, cheap to build)."""
+    return torch.randint(0, pool.numel() - per_block + 1, (blocks,), generator=gen)
+
+
+def _build_cache(num_blocks: int, garbage: torch.Tensor, fills: list, pool: torch.Tensor) -> torch.Tensor:
+    """A cache [num_blocks, 64, hkv, 64] bf16 holding `garbage` (one block's worth) in every slot but the first
+    `keys` slots of each fill's blocks (fills: (block ids in order, their pool offsets, keys)), which hold their
+    pool windows. Every slot is written once: the garbage blocks, then each fill's windows, then the garbage
+    tail of its last block."""
+    per_block = garbage.numel()
+    cache = torch.empty((num_blocks, *garbage.shape), dtype=torch.bfloat16)
+    flat = cache.view(num_blocks, per_block)
+    garbage_blocks = torch.ones(num_blocks, dtype=torch.bool)
+    for ids, _, _ in fills:
+        garbage_blocks[ids] = False
+    flat[garbage_blocks] = garbage.reshape(-1)
+    for ids, starts, keys in fills:
+        if not len(ids):
+            continue
+        for blk, s in zip(ids.tolist(), starts.tolist()):  # one copy a block (faster than a gather + scatter)
+            flat[blk] = pool[s:s + per_block]
+        last = keys - (len(ids) - 1) * BLOCK_SIZE  # 1 .. 64 slots of the last block hold values
+        cache[int(ids[-1]), last:] = garbage[last:]
+    return cache
 
 
 def context_lengths_of(batch: int, dims: dict, seed: int) -> list[int]:
@@ -574,7 +592,8 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
     block_table = garbage_ids[torch.randint(0, spare, (B, max_blocks), generator=gen)].to(torch.int32)
     # N(0, 1) values: each block a window of a random pool at a random offset (distinct blocks, cheap to build)
     pool = torch.randn(max(1 << 22, 2 * BLOCK_SIZE * Hkv * D), generator=gen).to(torch.bfloat16)
-    caches = [_garbage((BLOCK_SIZE, Hkv, D), gen).expand(num_blocks, -1, -1, -1).clone() for _ in range(2)]
+    garbage = [_garbage((BLOCK_SIZE, Hkv, D), gen) for _ in range(2)]  # K's, V's
+    fills = ([], [])
     nxt = 0
     for b, (L, n, f) in enumerate(zip(seq_lens, n_blocks, first_live)):
         ids = perm[nxt:nxt + n - f].long()
@@ -582,9 +601,9 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
         block_table[b, f:n] = ids.to(torch.int32)
         block_table[b, :f] = int(garbage_ids[0])
         filled = L - f * BLOCK_SIZE  # keys held by this sequence's live blocks (the rest stay garbage)
-        for cache in caches:
-            _fill_blocks(cache, ids.tolist(), filled, pool, gen)
-    key_cache, value_cache = caches
+        for c in range(2):  # K's offsets, then V's (the draw order fixes the values)
+            fills[c].append((ids, _pool_starts(len(ids), garbage[c].numel(), pool, gen), filled))
+    key_cache, value_cache = (_build_cache(num_blocks, garbage[c], fills[c], pool) for c in range(2))
     q = (1.5 * torch.randn(tokens, Hq, D, generator=gen)).to(torch.bfloat16)
     cu = torch.zeros(B + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
