@@ -77,9 +77,12 @@ def limit_mib() -> int:
 
 
 def clock() -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process and of its waited-for children) now."""
+    """(wall seconds, CPU seconds of this process, of its waited-for children and of the emulated rank
+    processes it started, which a fork server forks) now."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.perf_counter(), own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    ranks = sys.modules.get("harness.emulator.ranks")
+    rank_cpu = ranks.ranks_cpu_seconds() if ranks is not None else 0.0
+    return time.perf_counter(), own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + rank_cpu
 
 
 def log_peak(nodeid: str, peak_kib: int, since: tuple[float, float] | None = None) -> None:

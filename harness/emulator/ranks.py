@@ -3,7 +3,8 @@
     from harness.emulator import ranks
     results = ranks.run(worker, world=8, args=(...,), timeout=600)   # worker(rank, world, *args) -> picklable
 
-Each rank is a process (torch.multiprocessing, spawn) with its own emulated device and a gloo process group
+Each rank is a process (torch.multiprocessing, forked from a fork server that imported torch; it takes the
+caller's environment at `run`) with its own emulated device and a gloo process group
 (`torch.distributed` is initialized before `worker` runs, so communicators can exchange IPC handles over
 it). Device memory comes from the substitute HIP runtime (hip_shim.c) as memfd-backed shared mappings:
 hipIpcGetMemHandle / hipIpcOpenMemHandle map the same pages into a peer, so every rank's emulated loads
@@ -35,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
+import resource
 import signal
 import tempfile
 import time
@@ -50,6 +52,7 @@ ALARM_SLACK = 600
 
 _rank = None             # this process's rank when run() started it
 _timeout = None          # seconds a wave may keep sleeping before it is a hang
+_ranks_cpu = 0.0         # CPU seconds the rank processes run() started here reported (they are not its children)
 _waiting: dict = {}      # (workgroup, wave) of the current launch -> [wait start, last flag address, value]
 _waiting_launch = [None]  # the launch _waiting belongs to (the object itself: an id() is reused once freed)
 
@@ -159,10 +162,14 @@ class _Alarm(BaseException):
     pass
 
 
-def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s):
+def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s, where):
     global _rank, _timeout
     _rank, _timeout = rank_, timeout_s
     out = os.path.join(out_dir, f"rank{rank_}.pkl")
+    env, cwd = where
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
     try:
         os.environ["AMD_KERNELS_DEVICE"] = "emulator"
         from harness import emulator
@@ -189,7 +196,9 @@ def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s):
         payload = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     import torch  # torch.save: plain pickle cannot carry float8 tensors
 
-    torch.save(payload, out + ".tmp")
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime  # its compile workers included
+    torch.save((*payload, cpu), out + ".tmp")
     os.replace(out + ".tmp", out)
     try:
         import torch.distributed as dist
@@ -199,6 +208,17 @@ def _worker(rank_, world, init_file, fn, args, seed, out_dir, timeout_s):
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the result is already written
         pass
+
+
+def _add_cpu(seconds: float) -> None:
+    global _ranks_cpu
+    _ranks_cpu += seconds
+
+
+def ranks_cpu_seconds() -> float:
+    """CPU seconds of every rank process run() started in this process so far (forkserver children are not
+    this process's children, so RUSAGE_CHILDREN leaves them out; harness/memory.clock adds this)."""
+    return _ranks_cpu
 
 
 def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed: int | None = 0) -> list:
@@ -213,10 +233,14 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
     import torch.multiprocessing as mp
 
     t = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
-    ctx = mp.get_context("spawn")
+    # Forked from a fork server that imported torch once (8 spawned ranks each importing it cost 16 CPU-s a
+    # run); each rank then takes this process's environment and directory as of now, as a spawned one would.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "numpy"])
+    where = (dict(os.environ), os.getcwd())
     with tempfile.TemporaryDirectory(prefix="amdk-ranks-") as tmp:
         init_file = os.path.join(tmp, "pg")
-        procs = [ctx.Process(target=_worker, args=(r, world, init_file, fn, args, seed, tmp, t), daemon=True)
+        procs = [ctx.Process(target=_worker, args=(r, world, init_file, fn, args, seed, tmp, t, where), daemon=True)
                  for r in range(world)]
         for p in procs:
             p.start()
@@ -232,7 +256,8 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
         for r, p in enumerate(procs):
             path = os.path.join(tmp, f"rank{r}.pkl")
             if os.path.exists(path):
-                status, value = torch.load(path, weights_only=False)
+                status, value, cpu = torch.load(path, weights_only=False)
+                _add_cpu(cpu)
                 if status == "ok":
                     results.append(value)
                     continue
