@@ -214,9 +214,8 @@ def check_cases(module: str, entry_name: str, op: str, dims: dict, counts: list,
                 sample_above: int = 0) -> list:
     """Run every (tokens, real, seed) of `counts` on `world` ranks (one set of rank processes for all);
     returns a MultiRankResult per count."""
-    from harness.emulator import ranks
-
     from harness import device as devices
+    from harness.emulator import ranks
 
     if devices.current().emulated:
         compile_for_ranks(module, entry_name)

@@ -11,7 +11,7 @@ from harness import checks
 from references import attention
 
 DIMS = {"query_heads": 8, "kv_heads": 1, "sliding_window": 0, "context_lengths": [1, 65, 130, 1000]}
-PACKAGE = SimpleNamespace(workgroups="rows", entry_for_op=lambda op: "paged_attention",
+PACKAGE = SimpleNamespace(workgroups="rows", sample_tokens=0, entry_for_op=lambda op: "paged_attention",
                           entry_inputs=lambda entry, inputs: inputs)
 
 
