@@ -93,6 +93,36 @@ def _cancelling(raw: dict, lo_block: int, hi_block: int, big: float) -> dict:
     return raw
 
 
+def _tier_edges(variant_for, largest: int) -> list[int]:
+    """Token counts m whose variant differs from m - 1's, up to `largest`."""
+    return [m for m in range(2, largest + 1) if variant_for(m) != variant_for(m - 1)]
+
+
+@pytest.mark.parametrize("package", MOE_PACKAGES)
+def test_batch_invariance_counts_straddle_every_tier_edge(package):
+    """test_batch_invariance proves a row's bits do not depend on the tier its batch picks only at the counts
+    it runs: both sides of every tier edge of the moe entry (and of the routed entry, where its counts are
+    not kernel.toml's emulated list) must be among them, wherever a package moves its thresholds."""
+    from harness import cases
+
+    pkg = discovery.discover()[package]
+    module = _kernel_module(package)
+    pipeline = module.PIPELINE
+    largest = max(c.tokens for s in cases.op_shapes() if s.kernel == package for c in s.token_counts)
+    entries = {PACKAGES_OPS[package]: pipeline.variant_for}
+    if hasattr(module, "routed"):
+        routed_from = module._built.routed_prefill_from
+        entries["moe_routed_mxfp4_gptoss"] = lambda m: pipeline.variant_for(m, routed_from)
+    for op, variant_for in entries.items():
+        edges = _tier_edges(variant_for, largest)
+        assert edges, f"{package} {op}: one tier at every count?"
+        if op != PACKAGES_OPS[package] and devices.current().emulated and op in pkg.emulator_op_invariance_counts:
+            continue  # the routed entry's emulated list: its kernel.toml comment names the tests that cover the rest
+        counts = set(checks.invariance_counts(pkg, largest, op))
+        missing = [(m - 1, m) for m in edges if not {m - 1, m} <= counts]
+        assert not missing, f"{package} {op}: tier edges {missing} are not in the batch-invariance counts"
+
+
 @pytest.mark.parametrize("package,op,dims,small,full", [
     (TP8, "moe_mxfp4_gptoss", {**GPTOSS, "tp_size": 8, "tp_rank": 0}, 5, 6),
     ("moe/mxfp4_h6144_i768_e128_top4", "moe_mxfp4_swiglu",

@@ -5,8 +5,9 @@ tickets, in the first; gate-up; down with the combine folded in: mxfp4_moe/fused
 under the sanitizer and the memory guard, in a seeded workgroup order (the tickets pick other last
 workgroups). Token counts: 1; the TP8 gate-up tier edge (small_m | full at 5 | 6: CI runs 6, AMD_KERNELS_FULL=1
 also 5; test_kernels' routed cases at 4 tokens run small_m); a router tile edge (17 = 16 + 1: two tiles, the
-second holding one real row). Heavy (emulated MoE calls): run this file alone,
-without -n."""
+second holding one real row); the prefill tier (4 launches: the router's also writing the super-tile table)
+forced at 17 tokens, and at 256 through the entry (AMD_KERNELS_FULL=1). Heavy (emulated MoE calls): run this
+file alone, without -n."""
 
 from __future__ import annotations
 
@@ -30,27 +31,62 @@ CASES = [(TP8, 8, 7, 1), (TP8, 8, 7, 6), (TP8, 8, 7, 17),
          pytest.param(TP8, 8, 7, 5, marks=pytest.mark.skipif(not FULL, reason="AMD_KERNELS_FULL=1 runs it")),
          pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 2,
                       marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it")),
-         # the prefill tier (no fused form: the routed entry runs its launches as `moe` does), emulated whole
+         # 256 tokens, the largest count of TP8's fused.full (its prefill tier from 512), emulated whole
          pytest.param(TP8, 8, 7, 256,
                       marks=pytest.mark.skipif(not FULL, reason="256 tokens whole: AMD_KERNELS_FULL=1 runs it"))]
 
 
-@pytest.mark.parametrize("package,tp_size,tp_rank,tokens", CASES, ids=lambda v: str(v))
-def test_routed_is_route_then_moe_bitwise(package, tp_size, tp_rank, tokens):
+def _routed_against_route_then_moe(package, tp_size, tp_rank, tokens, forced_key=None) -> list[str]:
+    """Run the routed entry (or its variant `forced_key`, called through the package's table) on the routed
+    op's inputs, sanitized in a seeded order, and compare it bit for bit with the route package's launch
+    followed by the moe entry. Returns the routed call's kernel names."""
     pkg = discovery.discover()[package]
+    module = importlib.import_module(pkg.module)
     entries = pkg.import_entries()
     route = discovery.discover()[ROUTER].import_entries()["route"]
     raw = build_routed_moe_inputs(tokens, {**GPTOSS, "tp_size": tp_size, "tp_rank": tp_rank}, 11)
     dev = devices.current().torch_device
     inputs = checks.to_device(pkg.entry_inputs("routed", raw), dev)
     weights = {k: v for k, v in inputs.items() if k not in ("x", "router_weight", "router_bias")}
-    (fused,), records = checks._run(entries["routed"], inputs, order_seed=checks.seed_of("routed", tokens), sample={})
+
+    def forced(x, router_weight, router_bias, **w):
+        out = torch.empty_like(x)
+        module.VARIANTS[forced_key](*module.PIPELINE.fused_launch_args(forced_key, x, router_weight, router_bias, w,
+                                                                       out, x.device), None)
+        return out
+
+    routed = entries["routed"] if forced_key is None else forced
+    (fused,), records = checks._run(routed, inputs, order_seed=checks.seed_of("routed", tokens), sample={})
     fused = fused.cpu()
     topk_weights, topk_ids = route(inputs["x"], inputs["router_weight"], inputs["router_bias"], GPTOSS["top_k"])
     staged = entries["moe"](inputs["x"], topk_weights, topk_ids, **weights).cpu()
     assert torch.isfinite(fused.float()).all() and fused.float().abs().sum() > 0
     assert torch.equal(checks.row_bytes(fused), checks.row_bytes(staged)), \
         f"{int((checks.row_bytes(fused) != checks.row_bytes(staged)).sum())} bytes differ"
-    if records and tokens < importlib.import_module(pkg.module).PIPELINE.prefill_from:  # decode sizes
-        names = [r.kernel_name for r in records]
+    return [r.kernel_name for r in records]
+
+
+@pytest.mark.parametrize("package,tp_size,tp_rank,tokens", CASES, ids=lambda v: str(v))
+def test_routed_is_route_then_moe_bitwise(package, tp_size, tp_rank, tokens):
+    names = _routed_against_route_then_moe(package, tp_size, tp_rank, tokens)
+    routed_from = importlib.import_module(discovery.discover()[package].module).ROUTED_PREFILL_FROM
+    if names and tokens < routed_from:  # decode: 3 launches
         assert len(names) == 3 and names[0].endswith("_route_quant_sort"), names
+    elif names:  # the prefill tier: 4
+        assert len(names) == 4 and names[0].endswith("_route_quant_sort_prefill"), names
+
+
+@pytest.mark.parametrize("package,tp_size,tp_rank,tokens", [
+    (TP8, 8, 7, 17),
+    pytest.param(TP8, 8, 7, 40, marks=pytest.mark.skipif(not FULL, reason="AMD_KERNELS_FULL=1 runs it")),
+    pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 17,
+                 marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it"))], ids=str)
+def test_routed_prefill_tier_is_route_then_moe_bitwise(package, tp_size, tp_rank, tokens):
+    """The routed entry's prefill tier (fused.prefill: the router, quant and the super-tile sort in one
+    launch, then the moe prefill tier's gate-up, down and combine), forced at a small count (the entry picks
+    it from ROUTED_PREFILL_FROM tokens, where a whole emulated run costs minutes): bitwise the route package's
+    launch followed by the moe entry (the full tier at 17 tokens, the prefill tier at 40), in 4 launches."""
+    names = _routed_against_route_then_moe(package, tp_size, tp_rank, tokens, forced_key="fused.prefill")
+    if names:
+        assert len(names) == 4 and names[0].endswith("_route_quant_sort_prefill"), names
+        assert names[1].endswith("_gate_up_prefill") and names[2].endswith("_down_prefill"), names

@@ -4,9 +4,9 @@ package mxfp4_moe/, one module per launch): checks, workspace, the variant table
 The entry takes the prepared weights (kernels/moe/prepare.py, run once at load time); `prepare_inputs`
 maps a reference's inputs (checkpoint layout) to the entry's, for the harness. A package given its router
 (`route`: the route package's launcher variant) also gets `routed`: from the hidden states and the router's
-weight and bias (what vLLM's FusedMoE layer receives), below the prefill tier 3 launches in all
-(mxfp4_moe/fused.py: router + quant + sort, gate-up, down + combine), the same bits as route + moe; in the
-prefill tier the router's launch, then the MoE's.
+weight and bias (what vLLM's FusedMoE layer receives), below its prefill threshold 3 launches in all
+(mxfp4_moe/fused.py: router + quant + sort, gate-up, down + combine), from it 4 (router + quant + the
+super-tile sort, then the prefill tier's gate-up, down, combine), the same bits as route + moe.
 
 (No `from __future__ import annotations`: torch.library reads the entries' annotations as types.)
 """
@@ -46,13 +46,20 @@ def _prepared(package: str, inputs: dict, prepare):
 
 
 def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: int, activation: str,
-          tp_size: int = 1, small_m_waves: int = 0, prefill_from: int = 0, kernel=mxfp4_moe, route=None):
+          tp_size: int = 1, small_m_waves: int = 0, prefill_from: int = 0, kernel=mxfp4_moe, route=None,
+          routed_prefill_from: int | None = None):
     """The entry of the package `package` (its `__name__`): `intermediate` is the model's (unsharded) size,
     `tp_size` the ranks it is cut over (vLLM's cut, prepare.py), `small_m_waves` > 0 adds a small-M variant
     (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy).
     `route`: None, or the router's (launcher, example_args) for this hidden size, expert count and top-k
     (route.variants), which adds the `routed` entry (its variants "route.all", for the prefill tier, and the
-    pipeline's "fused.*" join this package's table)."""
+    pipeline's "fused.*" join this package's table). `routed_prefill_from`: the token count from which the
+    routed entry takes the prefill tier (default prefill_from; its decode launches fold the combine into down,
+    so its threshold can lie above the moe entry's)."""
+    if routed_prefill_from is None:
+        routed_prefill_from = prefill_from
+    if not isinstance(routed_prefill_from, int) or routed_prefill_from < 0:
+        raise ValueError(f"routed_prefill_from: a token count >= 0 (0: never), got {routed_prefill_from!r}")
     shape_token = host.shape_token(package)
     ip = prepare.padded_intermediate(intermediate, tp_size)
     # variants, variant_for, max_tokens, launch_args, weight_shapes, weight_dtypes, emulator_workgroups
@@ -124,9 +131,9 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
 
     # The router's i32 byte offsets into x [M, hidden] bf16 bound M too.
     routed_max_tokens = min(pipeline.max_tokens, host.max_tokens_for(hidden * 2))
-    # The routed variant of a token count (mxfp4_moe/fused.py: the router in the first launch, the combine folded
-    # into down; same bits). The prefill tier has no fused form: from its token count the routed entry runs the
-    # router's launch, then the MoE's as `moe` does.
+    # The routed variant of a token count (mxfp4_moe/fused.py: the router in the first launch; at decode sizes
+    # the combine folded into down; same bits). A shape without fused launches runs the router's launch, then
+    # the MoE's as `moe` does.
     fused_key = {k: (k.replace("moe.", "fused.", 1) if k.replace("moe.", "fused.", 1) in pipeline.fused_variants
                      else k) for k in pipeline.variants}
     routed_modes = {mode: [ROUTE_KEY, *(fused_key[k] for k in keys)] for mode, keys in modes.items()}
@@ -149,13 +156,13 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
         m = x.shape[0]
         if m:
             stream = host.stream_of(x)
-            key = fused_key[pipeline.variant_for(m)]
+            key = fused_key[pipeline.variant_for(m, routed_prefill_from)]
             given = dict(w13=w13, w13_scale=w13_scale, w13_bias=w13_bias, w2=w2, w2_scale=w2_scale, w2_bias=w2_bias,
                          shard=shard)
-            if key in pipeline.fused_variants:  # decode sizes: 3 launches, the router in the first
+            if key in pipeline.fused_variants:  # the router in the first launch (3 at decode sizes, 4 prefill)
                 table[key](*pipeline.fused_launch_args(key, x, router_weight, router_bias, given, out, x.device),
                            stream)
-            else:  # the prefill tier: the router's launch, then the MoE's
+            else:  # no fused launches for this shape: the router's launch, then the MoE's
                 topk_weights = torch.empty((m, top_k), dtype=torch.float32, device=x.device)
                 topk_ids = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
                 table[ROUTE_KEY](x, router_weight, router_bias, topk_weights, topk_ids, m, stream)
@@ -174,5 +181,6 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
     routed_op = host.custom_op(f"amd_kernels::{shape_token}_routed", routed, routed_outputs)
     routed_op.max_tokens = routed_max_tokens
     built.routed = routed_op
+    built.routed_prefill_from = routed_prefill_from
     built.prepare_routed_inputs = prepare_routed_inputs
     return built

@@ -16,18 +16,21 @@ the same grouping (chunks of 4 K-steps, pairs of chunks: batch invariance, mxfp4
 K grouping: mxfp4_moe/prefill.py; the threshold is where the cost model projects it faster, README).
 
 routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
-the router's weight bf16 [128, 2880] and bias bf16 [128]: below PREFILL_FROM tokens 3 launches (the router with
-the quantization and the sort, gate-up, down with the combine: mxfp4_moe/fused.py), from it the router's launch
-(route_h2880_e128_top4's), then the MoE's; also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_routed.
+the router's weight bf16 [128, 2880] and bias bf16 [128]: below ROUTED_PREFILL_FROM tokens 3 launches (the
+router with the quantization and the sort, gate-up, down with the combine: mxfp4_moe/fused.py), from it 4
+(the same first launch also writing the super-tile table, then the prefill tier's: the thresholds: README);
+also torch.ops.amd_kernels.mxfp4_h2880_i384_e128_top4_routed.
 """
 
 from amd_kernels.moe import mxfp4_moe_entries, route
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 8
-PREFILL_FROM = 256
+PREFILL_FROM = 32
+ROUTED_PREFILL_FROM = 512  # the routed entry's own threshold (its fused launches below it)
 SMALL_M_WAVES = 8
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
                                  activation=ACTIVATION, tp_size=TP, prefill_from=PREFILL_FROM,
+                                 routed_prefill_from=ROUTED_PREFILL_FROM,
                                  route=route.variants(H, E, TOP_K)["route.all"], small_m_waves=SMALL_M_WAVES)
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
 PIPELINE = _built.PIPELINE  # the launch geometry: variants, limits, weight shapes

@@ -17,7 +17,7 @@ K grouping: mxfp4_moe/prefill.py; the threshold is where the cost model projects
 from amd_kernels.moe import mxfp4_moe_entries
 
 H, I, E, TOP_K, ACTIVATION, TP = 6144, 768, 128, 4, "swiglu", 1
-PREFILL_FROM = 256
+PREFILL_FROM = 128
 SMALL_M_WAVES = 8
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
                                  activation=ACTIVATION, tp_size=TP, prefill_from=PREFILL_FROM, small_m_waves=SMALL_M_WAVES)

@@ -76,6 +76,12 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         (k_quant_sort_prefill if small_m == "prefill" else k_quant_sort)(
             x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
             grid=(m + 1, 1, 1), block=(64, 1, 1), stream=stream)
+        launch_stages(small_m, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
+                      xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream)
+
+    def launch_stages(small_m, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
+                      xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
+        """Launches 2-4 (gate-up, down, combine) after a sort; also the routed entry's prefill tier (fused.py)."""
         s1, waves = gate_ups[small_m]
         s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
             grid=(tiles, geo.nb1 // (prefill.gu_blocks(geo) if small_m == "prefill" else 1), 1),
@@ -104,10 +110,11 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     if small_m_waves:
         launchers["moe.small_m"] = make_launcher(True)
 
-    def variant_for(m: int) -> str:
-        """The prefill tier from prefill_from tokens; below, the many-wave gate-up while the plain one would
-        launch fewer than 256 workgroups."""
-        if prefill_from and m >= prefill_from:
+    def variant_for(m: int, from_tokens: int | None = None) -> str:
+        """The prefill tier from `from_tokens` tokens (default prefill_from; 0: never); below, the many-wave
+        gate-up while the plain one would launch fewer than 256 workgroups."""
+        start = prefill_from if from_tokens is None else from_tokens
+        if start and m >= start:
             return "moe.prefill"
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * geo.nb1 < 256 else "moe.full"
 
@@ -147,12 +154,12 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                                torch.zeros_like(x))
         return example_args
 
-    # The routed entry's launches (fused.py): the router, quant and sort in one, the combine folded into down.
-    # A shape the router launch cannot split (route_quant_sort.routable) has none: its routed entry runs the
-    # router's own launch, then the MoE's.
+    # The routed entry's launches (fused.py): the router, quant and sort in one; at decode sizes the combine
+    # folded into down. A shape the router launch cannot split (route_quant_sort.routable) has none: its
+    # routed entry runs the router's own launch, then the MoE's.
     fused_variants, fused_launch_args = {}, None
     if route_quant_sort.routable(geo):
-        fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes)
+        fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes, launch_stages)
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            fused_variants=fused_variants, fused_launch_args=fused_launch_args,

@@ -1,4 +1,4 @@
-"""The routed entry's launches at decode sizes (the "fused.*" tiers): three launches for the whole MoE layer,
+"""The routed entry's launches (the "fused.*" tiers): at decode sizes three launches for the whole MoE layer,
 the router included, the same bits as the route package's launch followed by the MoE's four.
 
 1. route_quant_sort.py: the router split over experts (E/16 workgroups per 16-token tile, each logit the
@@ -8,20 +8,26 @@ the router included, the same bits as the route package's launch followed by the
    columns, by ticket, sums its k rows in slot order).
 Tickets decide who does the work, never its order. They are int32, zeroed in one allocation with the sort's
 meta: meta [4], down's [M, h/64, 4] (token, down column block, 16-column quarter), the router's
-[ceil(M/16) + 1] (one per token tile, then the tiles' own)."""
+[ceil(M/16) + 1] (one per token tile, then the tiles' own).
+
+"fused.prefill" (the routed entry from its prefill threshold): four launches, route_quant_sort.py's prefill
+copy (the sort also writes the super-tile table) and then the MoE prefill tier's gate-up, down and combine
+(the pipeline's launch_stages) instead of the router's own launch and the tier's five: the same bits."""
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import down, route_quant_sort
+from amd_kernels.moe.mxfp4_moe import down, prefill, route_quant_sort
 
 
-def make(geo, gate_ups, workspace, weight_shapes):
-    """{key: (launcher, example_args)} for "fused.full" (and "fused.small_m" when gate_ups has it), and their
-    launch_args(key, x, router_weight, router_bias, w, out, device)."""
+def make(geo, gate_ups, workspace, weight_shapes, launch_stages):
+    """{key: (launcher, example_args)} for "fused.full", "fused.prefill" (and "fused.small_m" when gate_ups
+    has it), and their launch_args(key, x, router_weight, router_bias, w, out, device). launch_stages: the
+    pipeline's launches after its sort (gate-up, down, combine) of a tier."""
     k_route_quant_sort = route_quant_sort.make(geo)
+    k_route_quant_sort_prefill = route_quant_sort.make(geo, prefill.SUB)
     k_down_combine = down.make(geo, combine=True)
 
     def make_launcher(small_m):
@@ -45,24 +51,44 @@ def make(geo, gate_ups, workspace, weight_shapes):
                 grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
         return moe_fused
 
-    launchers = {"fused.full": make_launcher(False)}
+    @flyc.jit
+    def moe_fused_prefill(x: fx.Tensor, router_weight: fx.Tensor, router_bias: fx.Tensor, w13: fx.Tensor,
+                          w13_scale: fx.Tensor, w13_bias: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor,
+                          w2_bias: fx.Tensor, shard: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor,
+                          keys: fx.Tensor, route_tickets: fx.Tensor, xq: fx.Tensor, xs: fx.Tensor,
+                          sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor, inter_q: fx.Tensor,
+                          inter_s: fx.Tensor, y: fx.Tensor, out: fx.Tensor, m: fx.Int32, supers: fx.Int32,
+                          stream: fx.Stream = fx.Stream(None)):
+        k_route_quant_sort_prefill(x, router_weight, router_bias, topk_weights, topk_ids, keys, route_tickets, xq,
+                                   xs, sorted_pairs, tile_expert, meta, m).launch(
+            grid=(route_quant_sort.router_workgroups(m, geo.experts) + m, 1, 1), block=(64, 1, 1), stream=stream)
+        launch_stages("prefill", topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
+                      xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, supers, stream)
+
+    launchers = {"fused.full": make_launcher(False), "fused.prefill": moe_fused_prefill}
     if True in gate_ups:
         launchers["fused.small_m"] = make_launcher(True)
 
     def launch_args(key, x, router_weight, router_bias, w, out, device="cpu"):
         m = x.shape[0]
-        ws, tiles, _ = workspace(m, device)  # (the super-tile count serves the prefill tier only)
+        ws, tiles, supers = workspace(m, device)
         route_tiles = -(-m // route_quant_sort.TILE_M)
+        routing = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
+        route_io = (torch.empty((m, geo.top_k), **routing[0]), torch.empty((m, geo.top_k), **routing[1]),
+                    torch.empty(route_tiles * route_quant_sort.TILE_M * geo.experts, **routing[1]))
+        weights = (w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"], w["w2_bias"], w["shard"])
+        if key == "fused.prefill":
+            # meta with the super-tile table and the router's tickets: one memset
+            zeroed = torch.zeros(4 + supers + route_tiles + 1, dtype=torch.int32, device=device)
+            return (x, router_weight, router_bias, *weights, *route_io, zeroed[4 + supers:], ws["xq"], ws["xs"],
+                    ws["sorted_pairs"], ws["tile_expert"], zeroed[:4 + supers], ws["inter_q"], ws["inter_s"],
+                    ws["y"], out, m, supers)
         down_tickets = m * geo.nb2 * 4
         # meta, down's tickets, the router's: one memset
         zeroed = torch.zeros(4 + down_tickets + route_tiles + 1, dtype=torch.int32, device=device)
-        routing = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
-        return (x, router_weight, router_bias, w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"],
-                w["w2_bias"], w["shard"], torch.empty((m, geo.top_k), **routing[0]),
-                torch.empty((m, geo.top_k), **routing[1]),
-                torch.empty(route_tiles * route_quant_sort.TILE_M * geo.experts, **routing[1]),
-                zeroed[4 + down_tickets:], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], zeroed[:4],
-                ws["inter_q"], ws["inter_s"], ws["y"], zeroed[4:4 + down_tickets], out, m, tiles)
+        return (x, router_weight, router_bias, *weights, *route_io, zeroed[4 + down_tickets:], ws["xq"], ws["xs"],
+                ws["sorted_pairs"], ws["tile_expert"], zeroed[:4], ws["inter_q"], ws["inter_s"], ws["y"],
+                zeroed[4:4 + down_tickets], out, m, tiles)
 
     def example_args_of(key):
         def example_args(m: int = 1):

@@ -1,5 +1,7 @@
-"""Launch 1 of 3 of the routed entry at decode sizes (fused.py): the router, the activation quantization and
-the sort in one launch, 64 threads (one wave) per workgroup, grid ceil(M/16) * E/16 + M.
+"""Launch 1 of the routed entry's launches (fused.py: 3 at decode sizes, 4 in the prefill tier): the router,
+the activation quantization and the sort in one launch, 64 threads (one wave) per workgroup, grid
+ceil(M/16) * E/16 + M. The prefill tier's copy (make(geo, supers)) also writes the super-tile table, as that
+tier's own sort launch does (quant_sort.sort with supers).
 
 - Router workgroups 0 .. ceil(M/16) * E/16 - 1: workgroup (tile t, expert block b) computes the logits of
   tokens 16t .. 16t+15 for experts 16b .. 16b+15, the whole K = hidden in one v_mfma_f32_16x16x32_bf16 chain
@@ -61,7 +63,8 @@ def routable(geo) -> bool:
     return geo.hidden % 32 == 0 and geo.experts % EBLK == 0 and geo.top_k <= 8
 
 
-def make(geo):
+def make(geo, supers: int = 0):
+    """supers > 0 (the routed entry's prefill tier, fused.py): the sort also writes the super-tile table."""
     hidden, experts, top_k = geo.hidden, geo.experts, geo.top_k
     if not routable(geo):
         raise ValueError(f"router: hidden {hidden} (multiple of 32), experts {experts} (of 16), top_k {top_k} "
@@ -72,7 +75,7 @@ def make(geo):
     per_lane = experts // 16  # keys per lane in the top-k phase (one token per 16-lane row)
     SortLds = quant_sort.sort_lds(geo)
 
-    @flyc.kernel(name=f"{geo.name}_route_quant_sort", known_block_size=[64, 1, 1])
+    @flyc.kernel(name=f"{geo.name}_route_quant_sort" + ("_prefill" if supers else ""), known_block_size=[64, 1, 1])
     def k_route_quant_sort(x: fx.Tensor, w: fx.Tensor, b: fx.Tensor, topk_weights: fx.Tensor,
                            topk_ids: fx.Tensor, keys: fx.Tensor, tickets: fx.Tensor, xq: fx.Tensor,
                            xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor,
@@ -129,7 +132,7 @@ def make(geo):
                             buffer.store((exps[j] * inv).bitcast(fx.Int32), ow, base + j * 4)
                             buffer.store(255 - (best[j] & 0xFF), oi, base + j * 4)
                 if _ticket(tickets, tiles) == tiles - 1:
-                    quant_sort.sort(geo, lane, lds, topk_ids, sorted_pairs, tile_expert, meta, m)
+                    quant_sort.sort(geo, lane, lds, topk_ids, sorted_pairs, tile_expert, meta, m, supers)
         else:
             quant_sort.quant_row(geo, lane, wg - routers, x, xq, xs)
 
