@@ -228,3 +228,36 @@ def test_released_caches_drop_the_attention_workspaces():
     assert held() is None
     assert pkg._built.workspace(torch.device("cpu"), 1)[0].shape[0] == 1
     pkg.release_workspaces()
+
+
+def test_only_a_dropped_cache_walks_the_frozen_objects():
+    """With nothing cached, releasing the caches collects only what was made since the last freeze (walking
+    the frozen objects too cost ~5 s a test late in a suite run); when a cache held something (the next test
+    takes another shape), the frozen objects are walked as well, so a cycle an earlier test left frozen goes."""
+    import gc
+    import weakref
+
+    from references import attention as ref_attention
+
+    class Node:
+        pass
+
+    rope = {"theta": 10000.0, "factor": 1.0, "original_max_position_embeddings": 8, "beta_fast": 32.0,
+            "beta_slow": 1.0, "truncate": False}
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection in between
+    try:
+        memory.release_caches()
+        node = Node()
+        node.me = node
+        kept = weakref.ref(node)
+        gc.freeze()  # as settle() leaves what a test kept
+        del node
+        memory.release_caches()
+        assert kept() is not None  # nothing was cached: the frozen cycle was not walked
+        ref_attention._cos_sin_cache(8, 8, tuple(sorted(rope.items())))
+        assert memory.release_caches()  # a cache held something
+        assert kept() is None
+    finally:
+        if enabled:
+            gc.enable()
