@@ -11,8 +11,8 @@ releases the caches (the references' lru_caches, the paged attention's split wor
 release_workspaces()) and, when a cache held something, collects every reference cycle; otherwise, and where it
 shares them, it collects the cycles made since (settle(); the long-lived objects are frozen, so this walk is
 cheap). A full walk after every test cost 0.6 s at 0.7 M objects and ~5 s late in a suite run (ci35: a
-docstring test took 5-6 CPU-s, ~250 tests 3-8 s), paid by every test whose successor takes other inputs. A test's peak includes what earlier tests
-left resident in the process (compiled kernels, the emulator's translations and decoded code, freed but
+docstring test took 5-6 CPU-s, ~250 tests 3-8 s), paid by every test whose successor takes other inputs.
+A test's peak includes what earlier tests left resident in the process (compiled kernels, the emulator's translations and decoded code, freed but
 resident heap), which is why the limit stays above the 4 GiB goal. The decoder layer's weights
 (references.layer.build_layer_weights) hold the same lazy experts, so a TP1 layer chain holds the MoE's prepared
 weights, not the checkpoint beside them (the decode chain of harness/test_layer.py peaks at ~2.6 GiB; ~4.1 GiB
