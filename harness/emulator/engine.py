@@ -307,8 +307,11 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
 
 
 def _fail(e, kernel, wg_ids, w, program):
-    inst = program.insts.get(w.pc)
-    where = (f"{kernel.name}: workgroup {wg_ids} wave {w.wave_id} pc {w.pc:#x} "
+    pc = getattr(e, "at_pc", None)      # an LDS race found after the fact names where its access completed
+    if pc is None:
+        pc = w.pc
+    inst = program.insts.get(pc)
+    where = (f"{kernel.name}: workgroup {wg_ids} wave {w.wave_id} pc {pc:#x} "
              f"({inst.text.strip() if inst else '?'})")
     if isinstance(e, san_mod.SanitizerError):
         return SanitizerReport(f"{where}: {e}", e.kind)
@@ -346,10 +349,18 @@ def _run_lockstep(groups, regs, program, table, static, hits, kernel, counters, 
             w.san.drain()
         for hook in wave_end_hooks:
             hook(w)
+    shadows = [wg.shadow for wg, _ in groups if wg.shadow is not None]
     try:
         lockstep_mod.run_batch(groups, regs, program, table, static, hits, counters, rng, interleave, ended,
                                failing.append)
+        race = san_mod.earliest_race(shadows)       # the workgroups' last epochs
+        if race is not None:
+            raise race
     except Exception as e:
+        # an LDS race completed before whatever stopped the batch: it is the first report
+        race = san_mod.earliest_race(shadows, e)
+        if race is not None:
+            raise _fail(race, kernel, race.wave.wg.ids, race.wave, program) from race
         w = failing[-1] if failing else groups[0][1][0]
         raise _fail(e, kernel, w.wg.ids, w, program) from e
 
@@ -358,11 +369,13 @@ def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, co
     """Waves interleaved in seeded slices between barriers; a barrier releases when every live wave waits."""
     running = list(waves)
     at_barrier = []
+    shadows = [wg.shadow] if wg.shadow is not None else []
     while running or at_barrier:
         if not running:
             counters.barriers += 1
-            if wg.shadow is not None:
-                wg.shadow.epoch += 1
+            race = san_mod.earliest_race(shadows)
+            if race is not None:
+                raise _fail(race, kernel, wg.ids, race.wave, program) from race
             running, at_barrier = at_barrier, []
             continue
         if interleave:
@@ -383,5 +396,11 @@ def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, co
                 for hook in wave_end_hooks:
                     hook(w)
         except Exception as e:
+            race = san_mod.earliest_race(shadows, e)
+            if race is not None:
+                raise _fail(race, kernel, wg.ids, race.wave, program) from race
             raise _fail(e, kernel, wg.ids, w, program) from e
+    race = san_mod.earliest_race(shadows)
+    if race is not None:
+        raise _fail(race, kernel, wg.ids, race.wave, program) from race
 

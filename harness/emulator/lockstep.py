@@ -286,7 +286,9 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                 # every live wave of the workgroup waits: the barrier releases
                 counters.barriers += 1
                 if w.wg.shadow is not None:
-                    w.wg.shadow.epoch += 1
+                    race = w.wg.shadow.end_epoch()
+                    if race is not None:
+                        raise race      # the engine reports the earliest race of the batch
                 released = at_barrier[key]
                 at_barrier[key] = []
                 active[key] = len(released)

@@ -18,7 +18,7 @@ import numpy as np
 from . import mfma, ranks
 from .lanes import swizzle_source_lanes
 from .operands import exec_mask, parse_operand, raw_reader, row_of, scalar_reader
-from .sanitizer import GroupLoad
+from .sanitizer import GroupLoad, lds_record
 from .semantics import ATOMIC32
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
@@ -145,8 +145,10 @@ def _one_by_one(h, waves):
             raise
 
 
-def _lds_idx(addrs, nbytes):
-    return (np.asarray(addrs, np.int64)[:, None] + np.arange(nbytes)).ravel()
+def _race_rec(w, write, addrs, nbytes):
+    """The race record of one wave's LDS access (None without the race detector)."""
+    s = w.san
+    return lds_record(write, addrs, nbytes, w.lds_size) if s is not None and s.races is not None else None
 
 
 # ---- atomics ------------------------------------------------------------------------------------------
@@ -446,7 +448,7 @@ def build_buffer(inst, ctx):
 
             def apply():
                 _lds_store_bytes(w, dst, data, ctx)
-            _deliver(w, "vm", 0, apply, (True, _lds_idx(dst, nbytes)) if w.san is not None else None)
+            _deliver(w, "vm", 0, apply, _race_rec(w, True, dst, nbytes))
         return h
 
     if kind == "load":
@@ -844,11 +846,14 @@ def _lds_deliver(waves, mask, shares, a, nbytes, write):
             shares.store()
             return
         shares = shares.parts()
-    recs = (a[..., None] + _BYTES[nbytes]).reshape(len(waves), -1) if waves[0].san is not None else None
+    s0 = waves[0].san           # one batch, one set of detectors
+    races = s0 is not None and s0.races is not None
+    if races:
+        _, idx, unit = lds_record(write, a, nbytes, waves[0].lds_size, inside=True)   # _lds_group: inside
     for n, w in enumerate(waves):
         try:
             _deliver(w, "lds", mask, shares[n] if shares is not None else None,
-                     (write, recs[n]) if w.san is not None else None)
+                     (write, idx[n], unit) if races else None)
         except Exception as e:
             e.wave = w
             raise
@@ -879,9 +884,7 @@ def build_ds_pair(inst, ctx, kind):
             def apply():
                 for k in range(2):
                     w.v[drow + k * ndw: drow + (k + 1) * ndw, act] = got[k]
-            rec = (False, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
-                if w.san is not None else None
-            _deliver(w, "lds", dmask, apply, rec)
+            _deliver(w, "lds", dmask, apply, _race_rec(w, False, np.concatenate([base + o0, base + o1]), size))
 
         def group(waves):
             """Lockstep: one gather over the group's workgroups; results delivered wave by wave."""
@@ -905,9 +908,7 @@ def build_ds_pair(inst, ctx, kind):
         for o, r in ((o0, r0), (o1, r1)):
             _lds_store_bytes(w, base + o, _rows_to_bytes(w, r, size, act), ctx)
             counters.lds_access(base + o, size, write=True)
-        rec = (True, np.concatenate([_lds_idx(base + o0, size), _lds_idx(base + o1, size)])) \
-            if w.san is not None else None
-        _deliver(w, "lds", 0, None, rec)
+        _deliver(w, "lds", 0, None, _race_rec(w, True, np.concatenate([base + o0, base + o1]), size))
 
     def group(waves):
         """Lockstep: one scatter over the group's workgroups (wave, then offset, then lane order, as wave
@@ -946,7 +947,7 @@ def build_ds_rw(inst, ctx, kind):
 
             def apply():
                 _bytes_to_rows(w, drow, data, act, nbytes, sext, d16)
-            _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, nbytes)) if w.san is not None else None)
+            _deliver(w, "lds", dmask, apply, _race_rec(w, False, a, nbytes))
 
         def group(waves):
             """Lockstep: one gather over the group's workgroups; results delivered wave by wave."""
@@ -977,7 +978,7 @@ def build_ds_rw(inst, ctx, kind):
             data = _rows_to_bytes(w, drow, nbytes, act)
         _lds_store_bytes(w, a, data, ctx)
         counters.lds_access(a, nbytes, write=True)
-        _deliver(w, "lds", 0, None, (True, _lds_idx(a, nbytes)) if w.san is not None else None)
+        _deliver(w, "lds", 0, None, _race_rec(w, True, a, nbytes))
 
     def group(waves):
         """Lockstep: one scatter over the group's workgroups (wave, then lane order, as wave by wave); race
@@ -1071,7 +1072,7 @@ def _ds_read_tr(inst, ctx, ops, offset, bits):
                 w.v[drow: drow + 2] = res.T
             else:
                 w.v[drow: drow + 2, act] = res[act].T
-        _deliver(w, "lds", dmask, apply, (False, _lds_idx(a, 8)) if w.san is not None else None)
+        _deliver(w, "lds", dmask, apply, _race_rec(w, False, a, 8))
 
     def group(waves):
         """Lockstep: one gather over the group's workgroups and one transpose over the wave axis; results

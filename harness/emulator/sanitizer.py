@@ -30,10 +30,11 @@ the CDNA3 (gfx940) numbers; newer LLVM adds one wait state on gfx950 for some ro
 a hazard that is one wait state short on gfx950. Pass counts come from each MFMA's FLOPs and the published
 per-format rates (mfma_passes).
 
-LDS races (detector "races"). Per workgroup and LDS byte: the last writer wave and the barrier epoch it wrote
-in, and the set of waves that read it in the current epoch. An access completing in the same epoch as a
-conflicting access of another wave (write/read, read/write, write/write) is a race. Accesses are recorded
-when they complete, so an LDS write not waited for before s_barrier belongs to the epoch after it.
+LDS races (detector "races"). An access completing in the same barrier epoch as a conflicting access of
+another wave of its workgroup (write/read, read/write, write/write on one byte) is a race. Accesses are
+recorded when they complete, so an LDS write not waited for before s_barrier belongs to the epoch after it,
+and checked when the epoch ends (LdsShadow); a race found then is reported as if each access had been
+checked as it completed, and before any error raised later in the epoch.
 
 Memory checking: see MemoryMap.
 """
@@ -288,98 +289,152 @@ class MemoryMap:
 
 # ---- LDS race shadow ----------------------------------------------------------------------------------
 
+_RACE_SEQ = itertools.count()   # orders the race records of every workgroup (the earliest race reports)
+_UNITS = [np.arange(n) for n in range(17)]
+
+
+def lds_record(write: bool, a, nbytes: int, size: int, inside: bool = False):
+    """The race record (write, indices, unit) of an access of nbytes at each byte address of `a` (any shape;
+    the indices follow it in C order, then byte order) in an LDS of `size` bytes: its aligned dwords (unit
+    4) when it is whole dwords inside the LDS, else its bytes inside the LDS (unit 1; the access drops the
+    others). `inside`: the caller knows every byte is inside. The indices are 2-D (a's first axis, the rest)
+    when `a` is, else 1-D."""
+    a = np.asarray(a, np.int64)
+    if not inside:
+        inside = not a.size or (int(a.min()) >= 0 and int(a.max()) + nbytes <= size)
+    shape = (len(a), -1) if a.ndim > 1 else (-1,)
+    if inside and not nbytes & 3 and not (a & 3).any():
+        return write, ((a >> 2)[..., None] + _UNITS[nbytes >> 2]).reshape(shape), 4
+    idx = (a[..., None] + _UNITS[nbytes]).reshape(shape)
+    if not inside:
+        idx = idx[(idx >= 0) & (idx < size)]
+    return write, idx, 1
+
+
 class LdsShadow:
+    """One workgroup's LDS accesses of the current barrier epoch, checked for races when it ends.
+
+    One wave's access after another, a race is an access that touches a byte another wave wrote, or (a
+    write) read, earlier in the epoch (_Replay: the form each access was checked in when it completed).
+    Such an access exists exactly when the epoch has a byte touched by two waves with a write among them,
+    which needs no order: every write stamps its wave into `owner` (one byte per LDS byte; a dword record
+    stamps four through the uint32 view) and must find its own stamp after all of them (two writers of a
+    byte: one finds the other's), every read must find none or its own. So the records wait for the end of
+    the epoch (end_epoch: the barrier, the workgroup's end, or another report) and cost one or two passes
+    each; only a race is replayed one by one, to report the access the one-by-one check stops at, with the
+    same byte and waves, and the first record of all workgroups' races (records are numbered across
+    them)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.owner = np.zeros((size + 3) & ~3, np.uint8)    # wave + 1 of this epoch's writer; 0: none
+        self._views = (None, self.owner, None, None, self.owner.view(np.uint32))
+        self.pending = []   # (seq, wave id, write, indices, unit, WaveSan or None, access pc, completing pc)
+
+    def record(self, wave: int, write: bool, idx: np.ndarray, unit: int, san=None, pc: int = 0, where: int = 0):
+        """Keep one wave's access (indices of `unit` bytes inside the LDS, from lds_record); `san` and `pc`
+        name the access in a report, `where` the instruction it completed at."""
+        if idx.size:
+            self.pending.append((next(_RACE_SEQ), wave, write, idx, unit, san, pc, where))
+
+    def end_epoch(self):
+        """Check the epoch's records and start the next epoch: the report (a SanitizerError with .seq, .wave
+        and .at_pc) of the first access that races, or None."""
+        recs = self.pending
+        if not recs:
+            return None
+        self.pending = []
+        writes = [r for r in recs if r[2]]
+        if not writes:
+            return None                 # reads alone never race
+        views = self._views
+        w0 = writes[0][1]
+        several = False
+        for r in writes:
+            several |= r[1] != w0
+            views[r[4]][r[3]] = r[1] + 1 if r[4] == 1 else (r[1] + 1) * 0x01010101
+        race = False
+        if several:
+            for r in writes:
+                if (views[r[4]][r[3]] != (r[1] + 1 if r[4] == 1 else (r[1] + 1) * 0x01010101)).any():
+                    race = True
+                    break
+        if not race:
+            for r in recs:
+                if r[2] or (not several and r[1] == w0):
+                    continue            # a lone writer's own reads
+                o = views[r[4]][r[3]]
+                if o.any():
+                    o = o.view(np.uint8)
+                    if ((o != 0) & (o != r[1] + 1)).any():
+                        race = True
+                        break
+        for r in writes:
+            views[r[4]][r[3]] = 0
+        return _Replay(self.size).first_race(recs) if race else None
+
+
+class _Replay:
+    """The epoch's records one by one, each checked as it completes against the earlier ones: per byte the
+    last writer and the waves that read it."""
+
     def __init__(self, size: int):
         self.w_wave = np.full(size, -1, np.int16)
-        self.w_epoch = np.full(size, -1, np.int32)
         self.r_mask = np.zeros(size, np.uint64)
-        self.r_epoch = np.full(size, -1, np.int32)
-        self.epoch = 0
-        self.size = size
+
+    def first_race(self, recs):
+        for seq, wave, write, idx, unit, san, pc, where in recs:
+            if unit == 4:
+                idx = (idx[:, None] * 4 + _UNITS[4]).ravel()
+            e = self.access(wave, idx, write, _name(san, pc))
+            if e is not None:
+                e.seq, e.wave, e.at_pc = seq, san.wave if san is not None else None, where
+                return e
+        raise AssertionError("end_epoch found a race that one-by-one checking does not")
 
     def access(self, wave: int, idx: np.ndarray, write: bool, what: str):
-        """Record one wave's LDS access (byte indices; those outside the LDS are ignored) and report a byte
-        another wave wrote (or, for a write, touched) in the current barrier epoch. Epochs only grow, so
-        a maximum below the current one says "not touched in this epoch" (the common case after an
-        s_barrier): the checks it excludes are skipped (tests/test_fast_paths.py compares with the plain
-        form)."""
-        if not idx.size:
-            return
-        if idx.min() < 0 or idx.max() >= self.size:
-            idx = idx[(idx >= 0) & (idx < self.size)]
-            if not idx.size:
-                return
-        e = self.epoch
-        wep = self.w_epoch[idx]
+        """Record one access (byte indices); the report if a byte was written by another wave earlier in the
+        epoch, or (a write) read by one, else None."""
+        w_wave = self.w_wave
+        other_w = (w_wave[idx] != -1) & (w_wave[idx] != wave)
         bit = np.uint64(1 << wave)
         if write:
-            rep = self.r_epoch[idx]
-            if wep.max() == e or rep.max() == e:
-                other_w = (wep == e) & (self.w_wave[idx] != wave)
-                other_r = (rep == e) & ((self.r_mask[idx] & ~bit) != 0)
-                bad = other_w | other_r
-                if bad.any():
-                    j = int(np.argmax(bad))
-                    if other_w[j]:
-                        who = f"written by wave {int(self.w_wave[idx[j]])}"
-                    else:
-                        m = int(self.r_mask[idx[j]]) & ~(1 << wave)
-                        who = f"read by wave {(m & -m).bit_length() - 1}"
-                    raise SanitizerError("lds-race", f"{what} writes LDS byte {int(idx[j])}, {who} with no "
-                                                     f"s_barrier in between")
-            self.w_wave[idx] = wave
-            self.w_epoch[idx] = e
-        else:
-            if wep.max() == e:
-                other_w = (wep == e) & (self.w_wave[idx] != wave)
-                if other_w.any():
-                    j = int(np.argmax(other_w))
-                    raise SanitizerError("lds-race", f"{what} reads LDS byte {int(idx[j])}, written by wave "
-                                                     f"{int(self.w_wave[idx[j]])} with no s_barrier in between")
-            rep = self.r_epoch[idx]
-            if rep.max() < e:                   # every byte's readers are from an earlier epoch
-                self.r_mask[idx] = bit
-                self.r_epoch[idx] = e
-                return
-            stale = rep != e
-            if stale.any():
-                s = idx[stale]
-                self.r_mask[s] = 0
-                self.r_epoch[s] = e
-            self.r_mask[idx] = self.r_mask[idx] | bit
+            other_r = (self.r_mask[idx] & ~bit) != 0
+            bad = other_w | other_r
+            if bad.any():
+                j = int(np.argmax(bad))
+                if other_w[j]:
+                    who = f"written by wave {int(w_wave[idx[j]])}"
+                else:
+                    m = int(self.r_mask[idx[j]]) & ~(1 << wave)
+                    who = f"read by wave {(m & -m).bit_length() - 1}"
+                return SanitizerError("lds-race", f"{what} writes LDS byte {int(idx[j])}, {who} with no "
+                                                  f"s_barrier in between")
+            w_wave[idx] = wave
+            return None
+        if other_w.any():
+            j = int(np.argmax(other_w))
+            return SanitizerError("lds-race", f"{what} reads LDS byte {int(idx[j])}, written by wave "
+                                              f"{int(w_wave[idx[j]])} with no s_barrier in between")
+        self.r_mask[idx] |= bit
+        return None
 
-    def at_once(self, waves, idxs, write: bool) -> bool:
-        """Record accesses of one kind by several waves (wave ids and byte indices, in order) at once when
-        none of them can report, leaving the state access() one by one leaves; False, with nothing recorded,
-        otherwise. None can report when every byte is inside the LDS, none was written in the current epoch
-        and, for writes, none was read in it and no two waves write one byte. Reads then commute (bytes
-        read only in an older epoch forget those readers first)."""
-        idx = np.concatenate(idxs)
-        if not idx.size:
-            return True
-        e = self.epoch
-        if idx.min() < 0 or idx.max() >= self.size or self.w_epoch[idx].max() == e:
-            return False
-        if write:
-            if self.r_epoch[idx].max() == e:
-                return False
-            w_wave = self.w_wave
-            old = w_wave[idx]
-            for wave, i in zip(waves, idxs):
-                w_wave[i] = wave
-            if len(waves) > 1 and (w_wave[idx] != np.repeat(np.array(waves, np.int16), [len(i) for i in idxs])).any():
-                w_wave[idx] = old           # a byte two waves write: one by one, it reports
-                return False
-            self.w_epoch[idx] = e
-            return True
-        rep = self.r_epoch[idx]
-        if rep.min() != e:
-            self.r_mask[idx[rep != e]] = 0
-            self.r_epoch[idx] = e
-        r_mask = self.r_mask
-        for wave, i in zip(waves, idxs):
-            r_mask[i] |= np.uint64(1 << wave)
-        return True
+
+def _name(san, pc) -> str:
+    return f"'{san._text(pc)}' (pc {pc:#x})" if san is not None else f"pc {pc:#x}"
+
+
+def earliest_race(shadows, found=None):
+    """End the epochs of a batch's workgroups (their shadows): the report of the earliest race among them and
+    `found` (a report end_epoch gave), or None."""
+    races = [r for r in (sh.end_epoch() for sh in shadows) if r is not None]
+    if found is not None and hasattr(found, "seq"):
+        races.append(found)
+    return min(races, key=_seq_of) if races else None
+
+
+def _seq_of(e):
+    return e.seq
 
 
 # ---- group loads (lockstep) ---------------------------------------------------------------------------
@@ -425,14 +480,13 @@ class _Part:
 
 
 class _Held:
-    """What a group s_waitcnt holds back to its last wave: GroupLoad shares (load -> wave indices), the
-    registers of the current wave's held shares (`mask`), and LDS race records ((WaveSan, record, pc) in
-    completion order)."""
+    """What a group s_waitcnt holds back to its last wave: GroupLoad shares (load -> wave indices) and the
+    registers of the current wave's held shares (`mask`)."""
 
-    __slots__ = ("shares", "mask", "recs")
+    __slots__ = ("shares", "mask")
 
     def __init__(self):
-        self.shares, self.mask, self.recs = {}, 0, []
+        self.shares, self.mask = {}, 0
 
     def store(self):
         """Deliver the held shares, older loads first (two loads into one register: the newer wins)."""
@@ -441,32 +495,6 @@ class _Held:
             ld.store(sh[ld])
         sh.clear()
         self.mask = 0
-
-    def record(self):
-        """The held race records, as each wave's _record in completion order would make them: a workgroup's
-        records of one kind that cannot report at once (LdsShadow.at_once), every other one by one, in
-        order (a report names its wave)."""
-        by = {}
-        for r in self.recs:
-            sh = r[0].races
-            rs = by.get(sh)
-            if rs is None:
-                by[sh] = rs = []
-            rs.append(r)
-        slow = set()
-        for sh, rs in by.items():
-            write = rs[0][1][0]
-            if any(r[1][0] != write for r in rs) or not sh.at_once(
-                    [r[0].wave.wave_id for r in rs], [r[1][1] for r in rs], write):
-                slow.add(sh)
-        if slow:
-            for s, rec, pc in self.recs:
-                if s.races in slow:
-                    try:
-                        s._record(rec, pc)
-                    except Exception as e:
-                        e.wave = s.wave
-                        raise
 
 
 def _seq(ld):
@@ -499,7 +527,8 @@ class WaveSan:
 
     # -- issue/complete ---------------------------------------------------------------------------------
     def issue(self, queue: str, mask: int, apply, lds_rec=None):
-        """queue: 'vm', 'lds' or 'smem'. apply() delivers the result; lds_rec = (write?, byte idx)."""
+        """queue: 'vm', 'lds' or 'smem'. apply() delivers the result; lds_rec: lds_record's
+        (write?, indices, unit), recorded for the race check when the access completes."""
         pc = self.cur_pc
         if not self.waits:
             if apply is not None:
@@ -524,8 +553,8 @@ class WaveSan:
         self.pend |= mask
 
     def _record(self, lds_rec, pc):
-        write, idx = lds_rec
-        self.races.access(self.wave.wave_id, idx, write, f"'{self._text(pc)}' (pc {pc:#x})")
+        write, idx, unit = lds_rec
+        self.races.record(self.wave.wave_id, write, idx, unit, self, pc, self.cur_pc)
 
     def _complete(self, e, held):
         apply = e[1]
@@ -544,10 +573,7 @@ class WaveSan:
                     held.store()
                 apply()
         if e[2] is not None and self.races is not None:
-            if held is not None:
-                held.recs.append((self, e[2], e[3]))
-            else:
-                self._record(e[2], e[3])
+            self._record(e[2], e[3])
 
     def _repend(self):
         p = 0
@@ -559,7 +585,7 @@ class WaveSan:
 
     def waitcnt(self, vm: int, lgkm: int, held=None):
         """Complete what s_waitcnt vmcnt(vm) lgkmcnt(lgkm) covers. `held` (the group s_waitcnt's _Held)
-        collects GroupLoad shares and race records for after every wave of the group."""
+        collects GroupLoad shares for after every wave of the group."""
         changed = False
         while len(self.vm) > vm:
             self._complete(self.vm.popleft(), held)
@@ -673,8 +699,7 @@ def _waitcnt_handler(vm, lgkm):
 
     def group(waves):
         """Lockstep: every wave completes its own entries in the group's order, as alone, but the GroupLoad
-        shares wait for one store per load after the last wave (or before a closure into their registers),
-        and the race records for the end (_Held.record: the same state and reports as one by one)."""
+        shares wait for one store per load after the last wave (or before a closure into their registers)."""
         held = _Held()
         for w in waves:
             s = w.san
@@ -687,8 +712,6 @@ def _waitcnt_handler(vm, lgkm):
                     raise
         if held.shares:
             held.store()
-        if held.recs:
-            held.record()
     h.group = group
     return h
 

@@ -3,18 +3,17 @@
 - MemoryMap.check's one-range shortcut and clean_read against the per-lane search (reports included);
 - LDS bank conflicts cached by lane pattern against a fresh computation;
 - distinct-address intervals merged in batches against merging every access at once;
-- LdsShadow.access's epoch shortcuts against the plain race check (reports and shadow state), and
-  LdsShadow.at_once (a group s_waitcnt's records) against access one by one.
+- LdsShadow's race check once per barrier epoch against the plain check of every access as it completes
+  (the reports included), and the records lds_record makes against the bytes of the access.
 (The MFMA fast path is checked bit for bit in test_mfma.py::test_fast_path_bitwise.)
 """
 
-import copy
 
 import numpy as np
 import pytest
 
 from harness.emulator import counters as C
-from harness.emulator.sanitizer import LdsShadow, MemoryMap, SanitizerError
+from harness.emulator.sanitizer import LdsShadow, MemoryMap, SanitizerError, lds_record
 
 
 def _reference_check(mm, a, nbytes, lanes, read, write):
@@ -193,8 +192,20 @@ def test_all_in_range_many_is_all_in_range_per_wave(seed):
     assert seen == {True, False}
 
 
+class _PlainShadow:
+    """Per LDS byte: the last writer wave and its barrier epoch, the waves that read it and their epoch."""
+
+    def __init__(self, size):
+        self.size, self.epoch = size, 0
+        self.w_wave = np.full(size, -1, np.int16)
+        self.w_epoch = np.full(size, -1, np.int32)
+        self.r_mask = np.zeros(size, np.uint64)
+        self.r_epoch = np.full(size, -1, np.int32)
+
+
 def _reference_lds_access(sh, wave, idx, write, what):
-    """LdsShadow.access as it was before its epoch shortcuts: every check on every access."""
+    """The plain race check of one access as it completes (byte indices; those outside the LDS ignored):
+    every check on every access, against every earlier access of the epoch."""
     idx = idx[(idx >= 0) & (idx < sh.size)]
     if not idx.size:
         return
@@ -228,69 +239,61 @@ def _reference_lds_access(sh, wave, idx, write, what):
         sh.r_mask[idx] = sh.r_mask[idx] | bit
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_lds_shadow_shortcuts_are_the_plain_check(seed):
-    """Random access streams (waves 0..7 reading and writing overlapping bytes, duplicates, indices outside
-    the LDS, barriers between some accesses): the same report at the same access, the same shadow after."""
+@pytest.mark.parametrize("seed", range(8))
+def test_lds_epoch_check_reports_what_access_by_access_does(seed):
+    """Random epochs of waves 0..7 reading and writing overlapping bytes (dword records of aligned whole
+    dwords, byte records of any size, addresses outside the LDS, duplicate lanes): end_epoch reports exactly
+    when the plain check of each access as it completes reports in that epoch, with the same text, naming
+    the same access and where it completed; the stamps are clear after every epoch."""
     rng = np.random.default_rng(seed)
     size = 96
-    for stream in range(40):
-        fast, plain = LdsShadow(size), LdsShadow(size)
-        for step in range(60):
-            if rng.random() < 0.15:
-                fast.epoch += 1
-                plain.epoch += 1
-            wave = int(rng.integers(0, 8))
-            write = bool(rng.random() < 0.4)
-            start = int(rng.integers(-8, size))
-            idx = (start + rng.integers(0, 1 + int(rng.integers(1, 24)), int(rng.integers(0, 20)))).astype(np.int64)
-            got = want = None
-            try:
-                fast.access(wave, idx.copy(), write, "op")
-            except SanitizerError as e:
-                got = str(e)
-            try:
-                _reference_lds_access(plain, wave, idx.copy(), write, "op")
-            except SanitizerError as e:
-                want = str(e)
-            assert got == want, (stream, step)
-            for f in ("w_wave", "w_epoch", "r_mask", "r_epoch"):
-                assert np.array_equal(getattr(fast, f), getattr(plain, f)), (stream, step, f)
+    races = clean = dword_races = 0
+    for stream in range(80):
+        fast, plain = LdsShadow(size), _PlainShadow(size)
+        for epoch in range(int(rng.integers(1, 5))):
+            want = None
+            units = set()
+            for step in range(int(rng.integers(1, 10))):
+                wave = int(rng.integers(0, 8))
+                write = bool(rng.random() < 0.3)
+                lanes = int(rng.integers(1, 6))
+                if rng.random() < 0.5:
+                    nbytes = 4 * int(rng.integers(1, 5))
+                    a = 4 * rng.integers(0, (size - nbytes) // 4 + 1, lanes)
+                else:
+                    nbytes = int(rng.integers(1, 17))
+                    a = rng.integers(-8, size, lanes)
+                w_, idx, unit = lds_record(write, a, nbytes, size)
+                units.add(unit)
+                fast.record(wave, w_, idx, unit, None, pc=step, where=100 + step)
+                if want is None:
+                    try:
+                        _reference_lds_access(plain, wave, (a[:, None] + np.arange(nbytes)).ravel(), write,
+                                              f"pc {step:#x}")
+                    except SanitizerError as e:
+                        want = (str(e), 100 + step)
+            got = fast.end_epoch()
+            assert not fast.owner.any(), (stream, epoch)
+            assert (got is None) == (want is None), (stream, epoch, got, want)
             if got is not None:
+                assert (str(got), got.at_pc) == want, (stream, epoch)
+                races += 1
+                dword_races += 4 in units
                 break
+            clean += 1
+            plain.epoch += 1
+    assert races > 20 and clean > 20 and dword_races > 5, (races, clean, dword_races)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_lds_records_at_once_are_access_one_by_one(seed):
-    """Batches of one kind (a group s_waitcnt's race records: waves 0..7, overlapping or disjoint bytes,
-    duplicates, indices outside the LDS) after random history: at_once either declines, leaving the shadow
-    untouched, or leaves what access() one by one leaves, which then reports nothing."""
-    rng = np.random.default_rng(seed)
-    size = 96
-    taken = 0
-    for stream in range(60):
-        fast = LdsShadow(size)
-        for _ in range(int(rng.integers(0, 6))):            # history: accesses in older epochs or this one
-            fast.epoch += int(rng.random() < 0.3)
-            try:
-                fast.access(int(rng.integers(0, 8)), rng.integers(0, size, int(rng.integers(1, 12))),
-                            bool(rng.random() < 0.4), "op")
-            except SanitizerError:
-                pass
-        fast.epoch += int(rng.random() < 0.5)
-        plain = copy.deepcopy(fast)
-        write = bool(rng.random() < 0.5)
-        waves = [int(x) for x in rng.integers(0, 8, int(rng.integers(1, 5)))]
-        base = int(rng.integers(-4, size))
-        idxs = [(base + (k * 16 if rng.random() < 0.6 else 0) + rng.integers(0, 12, int(rng.integers(0, 10))))
-                .astype(np.int64) for k in range(len(waves))]
-        before = {f: getattr(fast, f).copy() for f in ("w_wave", "w_epoch", "r_mask", "r_epoch")}
-        if not fast.at_once(waves, [i.copy() for i in idxs], write):
-            assert all(np.array_equal(getattr(fast, f), v) for f, v in before.items()), stream
-            continue
-        taken += 1
-        for wave, i in zip(waves, idxs):
-            plain.access(wave, i.copy(), write, "op")          # raises if one by one would report
-        for f in ("w_wave", "w_epoch", "r_mask", "r_epoch"):
-            assert np.array_equal(getattr(fast, f), getattr(plain, f)), (stream, f)
-    assert taken > 10
+def test_lds_record_is_the_access_bytes():
+    """lds_record: aligned whole dwords inside the LDS as dword indices, anything else as its bytes inside the
+    LDS, in lane then byte order (what a report names follows it)."""
+    a = np.array([8, 0, 8], np.int64)
+    w, idx, unit = lds_record(True, a, 8, 64)
+    assert w and unit == 4 and idx.tolist() == [2, 3, 0, 1, 2, 3]
+    _, idx, unit = lds_record(False, a + 2, 4, 64)
+    assert unit == 1 and idx.tolist() == [10, 11, 12, 13, 2, 3, 4, 5, 10, 11, 12, 13]
+    _, idx, unit = lds_record(False, np.array([60, -2]), 4, 64)                  # dwords, not all inside
+    assert unit == 1 and idx.tolist() == [60, 61, 62, 63, 0, 1]
+    _, idx, unit = lds_record(False, np.array([[0, 4], [16, 20]]), 4, 64, inside=True)   # one row per wave
+    assert unit == 4 and idx.tolist() == [[0, 1], [4, 5]]

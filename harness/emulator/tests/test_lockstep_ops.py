@@ -728,3 +728,43 @@ def test_lds_race_found_at_a_group_waitcnt_names_its_wave():
     """
     msg = _same_report(body, 1, {"waits", "races"})
     assert "lds-race" in msg and "wave 1 pc" in msg
+
+
+def test_lds_race_reports_before_a_later_error_of_its_epoch():
+    """After the racing write, the second wave goes on to a missing wait (a register read with its load
+    outstanding) in the same epoch: the race, found when that error stops the launch, is still the report,
+    both ways, naming the wave and the s_waitcnt at which its write completed."""
+    body = BUFFER + """
+      v_readfirstlane_b32 s40, v0
+      v_and_b32 v20, 0x3f, v0
+      v_lshlrev_b32 v22, 2, v20
+      ds_write_b32 v22, v2
+      s_waitcnt lgkmcnt(0)
+      s_cmp_eq_u32 s40, 64
+      s_cbranch_scc0 .Ldone
+      buffer_load_dword v30, v21, s[24:27], 0 offen
+      v_add_u32 v31, 1, v30
+      s_waitcnt vmcnt(0)
+    .Ldone:
+    """
+    msg = _same_report(body, 1, {"waits", "races"})
+    assert "lds-race" in msg and "wave 1 pc" in msg and "(s_waitcnt lgkmcnt(0))" in msg, msg
+    without_race = body.replace("ds_write_b32 v22, v2", "s_nop 0")
+    assert "missing-wait" in _same_report(without_race, 1, {"waits", "races"})
+
+
+def test_lds_race_in_the_last_epoch_is_reported_at_the_end():
+    """No barrier follows the racing writes (after one that separates clean ones): the workgroup's end
+    checks the epoch, both ways."""
+    body = """
+      v_and_b32 v20, 0x3f, v0
+      v_lshlrev_b32 v21, 2, v20
+      v_lshlrev_b32 v22, 2, v0
+      ds_write_b32 v22, v2
+      s_waitcnt lgkmcnt(0)
+      s_barrier
+      ds_write_b32 v21, v2
+      s_waitcnt lgkmcnt(0)
+    """
+    msg = _same_report(body, 2, {"waits", "races"})
+    assert "lds-race" in msg and "writes LDS byte" in msg and "written by wave 0" in msg, msg
