@@ -152,6 +152,25 @@ class Counters:
             _bank_cache[key] = extra
         self.lds_bank_conflicts += extra
 
+    def lds_access_rows(self, rows, nbytes, write):
+        """lds_access of each access of a lockstep group: rows (..., lanes) int64, one access per row."""
+        rows = rows.reshape(-1, rows.shape[-1])
+        if write:
+            self.lds_write_bytes += rows.size * nbytes
+        else:
+            self.lds_read_bytes += rows.size * nbytes
+        rel = rows - (rows[:, :1] & ~3)
+        cache = _bank_cache
+        for k in range(len(rows)):
+            key = (nbytes, rel[k].tobytes())
+            extra = cache.get(key)
+            if extra is None:
+                extra = _bank_conflicts(rows[k], nbytes)
+                if len(cache) >= 1 << 14:
+                    cache.clear()
+                cache[key] = extra
+            self.lds_bank_conflicts += extra
+
     def as_dict(self) -> dict:
         return {
             "wave_instructions": int(sum(self.instructions.values())),

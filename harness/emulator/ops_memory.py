@@ -894,9 +894,7 @@ def build_ds_pair(inst, ctx, kind):
             idx, a, f, flat = g
             n = len(waves)
             rows = _lds_gather(flat, f, size).view(U32).transpose(0, 1, 3, 2).reshape(n, 2 * ndw, WAVE)
-            for k in range(n):
-                counters.lds_access(a[k, 0], size, write=False)
-                counters.lds_access(a[k, 1], size, write=False)
+            counters.lds_access_rows(a, size, write=False)
             _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, idx, drow, rows), a, size, False)
         h.group = group
         return h
@@ -920,9 +918,7 @@ def build_ds_pair(inst, ctx, kind):
         regs = waves[0].v.base
         data = np.stack([regs[idx, r0: r0 + ndw], regs[idx, r1: r1 + ndw]], axis=1)      # (W, 2, ndw, 64)
         _lds_scatter(flat, f, np.ascontiguousarray(data.transpose(0, 1, 3, 2)).view(np.uint8))
-        for k in range(len(waves)):
-            counters.lds_access(a[k, 0], size, write=True)
-            counters.lds_access(a[k, 1], size, write=True)
+        counters.lds_access_rows(a, size, write=True)
         if waves[0].san is not None:
             _lds_deliver(waves, 0, None, a, size, True)
     h.group = group
@@ -956,8 +952,7 @@ def build_ds_rw(inst, ctx, kind):
                 return _one_by_one(h, waves)
             idx, a, f, flat = g
             data = _lds_gather(flat, f[:, 0], nbytes)                   # (W, 64, nbytes)
-            for k in range(len(waves)):
-                counters.lds_access(a[k, 0], nbytes, write=False)
+            counters.lds_access_rows(a, nbytes, write=False)
             if nbytes >= 4:             # whole dwords: one GroupLoad
                 shares = _dword_load(waves, idx, drow, data)
             else:
@@ -995,8 +990,7 @@ def build_ds_rw(inst, ctx, kind):
             nd = (nbytes + 3) // 4
             data = np.ascontiguousarray(regs[idx, drow: drow + nd].transpose(0, 2, 1)).view(np.uint8)[:, :, :nbytes]
         _lds_scatter(flat, f[:, 0], data)
-        for k in range(n):
-            counters.lds_access(a[k, 0], nbytes, write=True)
+        counters.lds_access_rows(a, nbytes, write=True)
         if waves[0].san is not None:
             _lds_deliver(waves, 0, None, a[:, 0], nbytes, True)
     h.group = group
@@ -1082,8 +1076,7 @@ def _ds_read_tr(inst, ctx, ops, offset, bits):
             return _one_by_one(h, waves)
         idx, a, f, flat = g
         res = mfma.ds_read_tr(bits, _lds_gather(flat, f[:, 0], 8)).view(U32)      # (W, 64, 2)
-        for k in range(len(waves)):
-            counters.lds_access(a[k, 0], 8, write=False)
+        counters.lds_access_rows(a, 8, write=False)
         _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, idx, drow, res.transpose(0, 2, 1)), a[:, 0], 8,
                      False)
     h.group = group

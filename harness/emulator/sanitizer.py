@@ -339,39 +339,56 @@ class LdsShadow:
 
     def end_epoch(self):
         """Check the epoch's records and start the next epoch: the report (a SanitizerError with .seq, .wave
-        and .at_pc) of the first access that races, or None."""
+        and .at_pc) of the first access that races, or None. The records of one kind and unit are checked
+        together (which writer's stamp survives on a byte two waves write does not matter: the other's
+        differs)."""
         recs = self.pending
         if not recs:
             return None
         self.pending = []
-        writes = [r for r in recs if r[2]]
-        if not writes:
-            return None                 # reads alone never race
+        writes = ([], [], [], [], [])           # per unit: the write records
+        writers = set()
+        for r in recs:
+            if r[2]:
+                writes[r[4]].append(r)
+                writers.add(r[1])
+        if not writers:
+            return None                         # reads alone never race
         views = self._views
-        w0 = writes[0][1]
-        several = False
-        for r in writes:
-            several |= r[1] != w0
-            views[r[4]][r[3]] = r[1] + 1 if r[4] == 1 else (r[1] + 1) * 0x01010101
+        stamped = []
+        for u in (4, 1):
+            ws = writes[u]
+            if ws:
+                idx = ws[0][3] if len(ws) == 1 else np.concatenate([r[3] for r in ws])
+                code = np.repeat(np.array([r[1] + 1 for r in ws], _STAMP[u]) * _SPREAD[u], [r[3].size for r in ws])
+                views[u][idx] = code
+                stamped.append((u, idx, code))
         race = False
-        if several:
-            for r in writes:
-                if (views[r[4]][r[3]] != (r[1] + 1 if r[4] == 1 else (r[1] + 1) * 0x01010101)).any():
-                    race = True
-                    break
+        if len(writers) > 1:
+            race = any((views[u][idx] != code).any() for u, idx, code in stamped)
         if not race:
-            for r in recs:
-                if r[2] or (not several and r[1] == w0):
-                    continue            # a lone writer's own reads
-                o = views[r[4]][r[3]]
-                if o.any():
-                    o = o.view(np.uint8)
+            lone = next(iter(writers)) if len(writers) == 1 else -1      # a lone writer's reads see only it
+            for u in (4, 1):
+                rs = [r for r in recs if not r[2] and r[4] == u and r[1] != lone]
+                if not rs:
+                    continue
+                o = views[u][rs[0][3] if len(rs) == 1 else np.concatenate([r[3] for r in rs])]
+                if not o.any():
+                    continue                    # no read of a byte written in the epoch
+                for r in rs:
+                    o = views[u][r[3]].view(np.uint8)
                     if ((o != 0) & (o != r[1] + 1)).any():
                         race = True
                         break
-        for r in writes:
-            views[r[4]][r[3]] = 0
+                if race:
+                    break
+        for u, idx, _ in stamped:
+            views[u][idx] = 0
         return _Replay(self.size).first_race(recs) if race else None
+
+
+_STAMP = (None, np.uint8, None, None, np.uint32)        # a record's stamp per unit (LdsShadow.owner's views)
+_SPREAD = (None, 1, None, None, 0x01010101)             # wave + 1 in each byte of a dword
 
 
 class _Replay:

@@ -1,7 +1,7 @@
 """The emulator's fast paths give exactly what the straightforward code they replace gives.
 
 - MemoryMap.check's one-range shortcut and clean_read against the per-lane search (reports included);
-- LDS bank conflicts cached by lane pattern against a fresh computation;
+- LDS bank conflicts cached by lane pattern against a fresh computation, and a group's counted per access;
 - distinct-address intervals merged in batches against merging every access at once;
 - LdsShadow's race check once per barrier epoch against the plain check of every access as it completes
   (the reports included), and the records lds_record makes against the bytes of the access.
@@ -128,6 +128,25 @@ def test_bank_conflict_cache_matches_fresh_count(seed):
         c = C.Counters()
         c.lds_access(a, nbytes, write=False)
         assert c.lds_bank_conflicts == C._bank_conflicts(a, nbytes)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lds_access_rows_is_lds_access_per_row(seed):
+    """A lockstep group's LDS counters (lds_access_rows over (waves, offsets, lanes) addresses) are each
+    access's lds_access: bytes and bank conflicts, cached patterns or fresh."""
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(40):
+        nbytes = int(rng.choice([1, 2, 4, 8, 16]))
+        shape = (int(rng.integers(1, 9)), int(rng.integers(1, 3)), 64)
+        a = (rng.integers(0, 4096, shape) * int(rng.choice([1, 4])) + int(rng.integers(0, 1 << 12))).astype(np.int64)
+        a[0, 0] = a[-1, -1]
+        write = bool(rng.random() < 0.5)
+        rows, each = C.Counters(), C.Counters()
+        rows.lds_access_rows(a if shape[1] > 1 else a[:, 0], nbytes, write)
+        for r in a.reshape(-1, 64):
+            each.lds_access(r, nbytes, write)
+        assert (rows.lds_read_bytes, rows.lds_write_bytes, rows.lds_bank_conflicts) == \
+            (each.lds_read_bytes, each.lds_write_bytes, each.lds_bank_conflicts)
 
 
 @pytest.mark.parametrize("compact_at,span,align", [(C._COMPACT_AT, 1 << 14, 1), (40, 1 << 14, 1), (40, 1 << 18, 4)])
