@@ -261,7 +261,7 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
                 groups = []
                 for j, wg_ids in enumerate(chunk):
                     wg = _Workgroup(wg_ids, lds_bytes, lds_all[j], j)
-                    if "races" in det:
+                    if "races" in det and n_waves > 1:     # one wave cannot race
                         wg.shadow = san_mod.LdsShadow(wg.lds.size)
                     waves = []
                     for k in range(n_waves):
@@ -281,7 +281,7 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
                 counters.waves += len(chunk) * n_waves
         for wg_ids in ([] if lockstep else ids):
             wg = _Workgroup(wg_ids, lds_bytes)
-            if "races" in det:
+            if "races" in det and n_waves > 1:
                 wg.shadow = san_mod.LdsShadow(wg.lds.size)
             waves = []
             for k in range(n_waves):
@@ -360,7 +360,7 @@ def _run_lockstep(groups, regs, program, table, static, hits, kernel, counters, 
         # an LDS race completed before whatever stopped the batch: it is the first report
         race = san_mod.earliest_race(shadows, e)
         if race is not None:
-            raise _fail(race, kernel, race.wave.wg.ids, race.wave, program) from race
+            raise _fail(race, kernel, race.race_wave.wg.ids, race.race_wave, program) from race
         w = failing[-1] if failing else groups[0][1][0]
         raise _fail(e, kernel, w.wg.ids, w, program) from e
 
@@ -375,7 +375,7 @@ def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, co
             counters.barriers += 1
             race = san_mod.earliest_race(shadows)
             if race is not None:
-                raise _fail(race, kernel, wg.ids, race.wave, program) from race
+                raise _fail(race, kernel, wg.ids, race.race_wave, program) from race
             running, at_barrier = at_barrier, []
             continue
         if interleave:
@@ -398,9 +398,9 @@ def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, co
         except Exception as e:
             race = san_mod.earliest_race(shadows, e)
             if race is not None:
-                raise _fail(race, kernel, wg.ids, race.wave, program) from race
+                raise _fail(race, kernel, wg.ids, race.race_wave, program) from race
             raise _fail(e, kernel, wg.ids, w, program) from e
     race = san_mod.earliest_race(shadows)
     if race is not None:
-        raise _fail(race, kernel, wg.ids, race.wave, program) from race
+        raise _fail(race, kernel, wg.ids, race.race_wave, program) from race
 

@@ -34,7 +34,9 @@ LDS races (detector "races"). An access completing in the same barrier epoch as 
 another wave of its workgroup (write/read, read/write, write/write on one byte) is a race. Accesses are
 recorded when they complete, so an LDS write not waited for before s_barrier belongs to the epoch after it,
 and checked when the epoch ends (LdsShadow); a race found then is reported as if each access had been
-checked as it completed, and before any error raised later in the epoch.
+checked as it completed (the same text, naming the instruction it completed at: for an access completed by
+the drain at a wave's end, its s_endpgm), and before any error raised later in the epoch. A workgroup of one
+wave cannot race and keeps no records.
 
 Memory checking: see MemoryMap.
 """
@@ -295,20 +297,21 @@ _UNITS = [np.arange(n) for n in range(17)]
 
 def lds_record(write: bool, a, nbytes: int, size: int, inside: bool = False):
     """The race record (write, indices, unit) of an access of nbytes at each byte address of `a` (any shape;
-    the indices follow it in C order, then byte order) in an LDS of `size` bytes: its aligned dwords (unit
-    4) when it is whole dwords inside the LDS, else its bytes inside the LDS (unit 1; the access drops the
-    others). `inside`: the caller knows every byte is inside. The indices are 2-D (a's first axis, the rest)
-    when `a` is, else 1-D."""
+    the indices follow it in C order, then byte order) in an LDS of `size` bytes: dword indices (unit 4)
+    when the access is whole aligned dwords, else byte indices (unit 1). Lanes not wholly inside the LDS
+    are left out, as the access drops them (ops_memory._lds_store_bytes / _lds_load_bytes); `inside`: the
+    caller knows every lane is inside. The indices are 2-D (a's first axis, the rest) when `a` is, else
+    1-D."""
     a = np.asarray(a, np.int64)
-    if not inside:
-        inside = not a.size or (int(a.min()) >= 0 and int(a.max()) + nbytes <= size)
+    if not inside and a.size and (int(a.min()) < 0 or int(a.max()) + nbytes > size):
+        a = a[(a >= 0) & (a + nbytes <= size)]
     shape = (len(a), -1) if a.ndim > 1 else (-1,)
-    if inside and not nbytes & 3 and not (a & 3).any():
+    if not nbytes & 3 and not (a & 3).any():
         return write, ((a >> 2)[..., None] + _UNITS[nbytes >> 2]).reshape(shape), 4
-    idx = (a[..., None] + _UNITS[nbytes]).reshape(shape)
-    if not inside:
-        idx = idx[(idx >= 0) & (idx < size)]
-    return write, idx, 1
+    return write, (a[..., None] + _UNITS[nbytes]).reshape(shape), 1
+
+
+CHECK_AT = 4096     # records of one epoch before LdsShadow checks it early (then at every doubling)
 
 
 class LdsShadow:
@@ -330,22 +333,35 @@ class LdsShadow:
         self.owner = np.zeros((size + 3) & ~3, np.uint8)    # wave + 1 of this epoch's writer; 0: none
         self._views = (None, self.owner, None, None, self.owner.view(np.uint32))
         self.pending = []   # (seq, wave id, write, indices, unit, WaveSan or None, access pc, completing pc)
+        self.check_at = CHECK_AT
 
     def record(self, wave: int, write: bool, idx: np.ndarray, unit: int, san=None, pc: int = 0, where: int = 0):
         """Keep one wave's access (indices of `unit` bytes inside the LDS, from lds_record); `san` and `pc`
-        name the access in a report, `where` the instruction it completed at."""
+        name the access in a report, `where` the instruction it completed at. A long epoch is checked as it
+        grows (every doubling from CHECK_AT records), so a race that leads to a spin (an LDS flag never
+        seen) is still reported: the first race of a prefix is the epoch's first."""
         if idx.size:
-            self.pending.append((next(_RACE_SEQ), wave, write, idx, unit, san, pc, where))
+            pending = self.pending
+            pending.append((next(_RACE_SEQ), wave, write, idx, unit, san, pc, where))
+            if len(pending) >= self.check_at:
+                self.check_at *= 2
+                race = self._check(pending)
+                if race is not None:
+                    self.pending = []
+                    raise race
 
     def end_epoch(self):
-        """Check the epoch's records and start the next epoch: the report (a SanitizerError with .seq, .wave
-        and .at_pc) of the first access that races, or None. The records of one kind and unit are checked
-        together (which writer's stamp survives on a byte two waves write does not matter: the other's
-        differs)."""
+        """Check the epoch's records and start the next epoch: the report (a SanitizerError with .seq,
+        .race_wave and .at_pc) of the first access that races, or None."""
         recs = self.pending
-        if not recs:
-            return None
         self.pending = []
+        self.check_at = CHECK_AT
+        return self._check(recs) if recs else None
+
+    def _check(self, recs):
+        """The report of the first of `recs` that races, or None. The records of one kind and unit are
+        checked together (which writer's stamp survives on a byte two waves write does not matter: the
+        other's differs)."""
         writes = ([], [], [], [], [])           # per unit: the write records
         writers = set()
         for r in recs:
@@ -360,7 +376,8 @@ class LdsShadow:
             ws = writes[u]
             if ws:
                 idx = ws[0][3] if len(ws) == 1 else np.concatenate([r[3] for r in ws])
-                code = np.repeat(np.array([r[1] + 1 for r in ws], _STAMP[u]) * _SPREAD[u], [r[3].size for r in ws])
+                stamps = np.array([r[1] + 1 for r in ws], _STAMP[u]) * _SPREAD[u]
+                code = np.repeat(stamps, [r[3].size for r in ws])
                 views[u][idx] = code
                 stamped.append((u, idx, code))
         race = False
@@ -405,7 +422,7 @@ class _Replay:
                 idx = (idx[:, None] * 4 + _UNITS[4]).ravel()
             e = self.access(wave, idx, write, _name(san, pc))
             if e is not None:
-                e.seq, e.wave, e.at_pc = seq, san.wave if san is not None else None, where
+                e.seq, e.race_wave, e.at_pc = seq, san.wave if san is not None else None, where
                 return e
         raise AssertionError("end_epoch found a race that one-by-one checking does not")
 

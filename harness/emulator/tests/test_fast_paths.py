@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from harness.emulator import counters as C
+from harness.emulator import sanitizer as san
 from harness.emulator.sanitizer import LdsShadow, MemoryMap, SanitizerError, lds_record
 
 
@@ -258,22 +259,25 @@ def _reference_lds_access(sh, wave, idx, write, what):
         sh.r_mask[idx] = sh.r_mask[idx] | bit
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_lds_epoch_check_reports_what_access_by_access_does(seed):
-    """Random epochs of waves 0..7 reading and writing overlapping bytes (dword records of aligned whole
-    dwords, byte records of any size, addresses outside the LDS, duplicate lanes): end_epoch reports exactly
-    when the plain check of each access as it completes reports in that epoch, with the same text, naming
-    the same access and where it completed; the stamps are clear after every epoch."""
+@pytest.mark.parametrize("seed,check_at", [(s, san.CHECK_AT) for s in range(6)] + [(s, 3) for s in range(6, 9)])
+def test_lds_epoch_check_reports_what_access_by_access_does(seed, check_at, monkeypatch):
+    """Random epochs of waves 0..15 reading and writing overlapping bytes (dword records of aligned whole
+    dwords, byte records of any size, lanes outside the LDS, duplicate lanes): the epoch's check (at its end,
+    or early as its records grow) reports exactly when the plain check of each access as it completes
+    reports in that epoch, with the same text, naming the same access and where it completed; the stamps
+    are clear after every epoch."""
+    monkeypatch.setattr(san, "CHECK_AT", check_at)
     rng = np.random.default_rng(seed)
     size = 96
-    races = clean = dword_races = 0
+    races = clean = dword_races = early = 0
     for stream in range(80):
         fast, plain = LdsShadow(size), _PlainShadow(size)
         for epoch in range(int(rng.integers(1, 5))):
             want = None
             units = set()
+            got = None
             for step in range(int(rng.integers(1, 10))):
-                wave = int(rng.integers(0, 8))
+                wave = int(rng.integers(0, 16))
                 write = bool(rng.random() < 0.3)
                 lanes = int(rng.integers(1, 6))
                 if rng.random() < 0.5:
@@ -284,14 +288,21 @@ def test_lds_epoch_check_reports_what_access_by_access_does(seed):
                     a = rng.integers(-8, size, lanes)
                 w_, idx, unit = lds_record(write, a, nbytes, size)
                 units.add(unit)
-                fast.record(wave, w_, idx, unit, None, pc=step, where=100 + step)
                 if want is None:
+                    whole = a[(a >= 0) & (a + nbytes <= size)]           # lanes the access does not drop
                     try:
-                        _reference_lds_access(plain, wave, (a[:, None] + np.arange(nbytes)).ravel(), write,
+                        _reference_lds_access(plain, wave, (whole[:, None] + np.arange(nbytes)).ravel(), write,
                                               f"pc {step:#x}")
                     except SanitizerError as e:
                         want = (str(e), 100 + step)
-            got = fast.end_epoch()
+                try:
+                    fast.record(wave, w_, idx, unit, None, pc=step, where=100 + step)
+                except SanitizerError as e:
+                    got = e
+                    early += 1
+                    break
+            if got is None:
+                got = fast.end_epoch()
             assert not fast.owner.any(), (stream, epoch)
             assert (got is None) == (want is None), (stream, epoch, got, want)
             if got is not None:
@@ -302,6 +313,7 @@ def test_lds_epoch_check_reports_what_access_by_access_does(seed):
             clean += 1
             plain.epoch += 1
     assert races > 20 and clean > 20 and dword_races > 5, (races, clean, dword_races)
+    assert (early > 5) == (check_at < 10), early
 
 
 def test_lds_record_is_the_access_bytes():
@@ -312,7 +324,9 @@ def test_lds_record_is_the_access_bytes():
     assert w and unit == 4 and idx.tolist() == [2, 3, 0, 1, 2, 3]
     _, idx, unit = lds_record(False, a + 2, 4, 64)
     assert unit == 1 and idx.tolist() == [10, 11, 12, 13, 2, 3, 4, 5, 10, 11, 12, 13]
-    _, idx, unit = lds_record(False, np.array([60, -2]), 4, 64)                  # dwords, not all inside
-    assert unit == 1 and idx.tolist() == [60, 61, 62, 63, 0, 1]
+    _, idx, unit = lds_record(False, np.array([60, -2, 62, 1]), 4, 64)     # lanes not inside are dropped
+    assert unit == 1 and idx.tolist() == [60, 61, 62, 63, 1, 2, 3, 4]
+    _, idx, unit = lds_record(False, np.array([60, -4, 64]), 4, 64)
+    assert unit == 4 and idx.tolist() == [15]
     _, idx, unit = lds_record(False, np.array([[0, 4], [16, 20]]), 4, 64, inside=True)   # one row per wave
     assert unit == 4 and idx.tolist() == [[0, 1], [4, 5]]
