@@ -781,6 +781,26 @@ def build_ds_permute(inst, ctx, kind):
         def apply():
             w.v[drow, act] = out[act]
         _deliver(w, "lds", dmask, apply)
+
+    def group(waves):
+        """Lockstep, ds_bpermute under full EXEC: one gather over the group's lanes; each wave's result
+        through its own queue, as alone (ds_permute, whose lanes collide, and partial EXEC: wave by wave)."""
+        if not backward or any(w.s[EXEC_LO] != 0xFFFFFFFF or w.s[EXEC_HI] != 0xFFFFFFFF for w in waves):
+            return _one_by_one(h, waves)
+        regs = waves[0].v.base
+        idx = _slots(waves)
+        lane = ((regs[idx, arow].astype(np.int64) + offset) >> 2) & 63                     # (W, 64)
+        load = GroupLoad(regs, idx, drow, np.take_along_axis(regs[idx, srow], lane, axis=1)[:, None, :])
+        if waves[0].san is None:
+            load.store()
+            return
+        for w, share in zip(waves, load.parts()):
+            try:
+                _deliver(w, "lds", dmask, share)
+            except Exception as e:
+                e.wave = w
+                raise
+    h.group = group
     return h
 
 

@@ -768,3 +768,37 @@ def test_lds_race_in_the_last_epoch_is_reported_at_the_end():
     """
     msg = _same_report(body, 2, {"waits", "races"})
     assert "lds-race" in msg and "writes LDS byte" in msg and "written by wave 0" in msg, msg
+
+
+# ds_bpermute_b32 (the group form) and ds_permute_b32 (wave by wave) of per-thread data, with an offset and
+# under partial EXEC (wave by wave; a lane reading an inactive lane gets 0)
+LANE_SHUFFLE = """
+  s_mov_b32 s40, 0x9e3779b1
+  v_mul_lo_u32 v24, s40, v0
+  v_mul_u32_u24 v20, 7, v0
+  v_lshlrev_b32 v20, 2, v20
+  ds_bpermute_b32 v50, v20, v24
+  ds_bpermute_b32 v51, v20, v24 offset:8
+  ds_permute_b32 v52, v20, v24
+  s_waitcnt lgkmcnt(0)
+  v_and_b32 v22, 0x3f, v0
+  v_cmp_lt_u32 s[30:31], 20, v22
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_mov_b32 v53, 0
+  ds_bpermute_b32 v53, v20, v24
+  s_waitcnt lgkmcnt(0)
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_lane_permutes(opts):
+    v, _, _ = _both(LANE_SHUFFLE, opts, slice(50, 54))
+    lanes = np.arange(64)
+    for k in (0, 5):                                      # wave 1 of workgroup 0, wave 2 of workgroup 1
+        t = 64 * (k % 4) + lanes
+        data = (t * 0x9e3779b1 % (1 << 32)).astype(np.uint32)
+        np.testing.assert_array_equal(v[k][0], data[(7 * t) & 63])
+        np.testing.assert_array_equal(v[k][1], data[(7 * t + 2) & 63])
+        src = (7 * t) & 63
+        np.testing.assert_array_equal(v[k][3], np.where((lanes >= 21) & (src >= 21), data[src], 0))
