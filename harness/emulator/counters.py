@@ -133,27 +133,15 @@ class Counters:
         return self._stored_bytes.array()
 
     def lds_access(self, addrs, nbytes, write):
-        n = len(addrs)
-        if not n:
-            return
-        if write:
-            self.lds_write_bytes += n * nbytes
-        else:
-            self.lds_read_bytes += n * nbytes
-        # The count depends only on the addresses relative to a dword-aligned base (a common shift keeps
-        # equal dwords equal and rotates the banks), and a few lane patterns recur: cache by pattern.
-        a = np.asarray(addrs, np.int64)
-        key = (nbytes, (a - (int(a[0]) & ~3)).tobytes())
-        extra = _bank_cache.get(key)
-        if extra is None:
-            extra = _bank_conflicts(a, nbytes)
-            if len(_bank_cache) >= 1 << 14:
-                _bank_cache.clear()
-            _bank_cache[key] = extra
-        self.lds_bank_conflicts += extra
+        """One wave's LDS access: its bytes and its extra cycles from bank conflicts."""
+        if len(addrs):
+            self.lds_access_rows(np.asarray(addrs, np.int64)[None, :], nbytes, write)
 
     def lds_access_rows(self, rows, nbytes, write):
-        """lds_access of each access of a lockstep group: rows (..., lanes) int64, one access per row."""
+        """lds_access of each access of a lockstep group: rows (..., lanes) int64, one access per row.
+        A row's conflict count depends only on its addresses relative to a dword-aligned base (a common
+        shift keeps equal dwords equal and rotates the banks), and a few lane patterns recur: cached by
+        pattern."""
         rows = rows.reshape(-1, rows.shape[-1])
         if write:
             self.lds_write_bytes += rows.size * nbytes

@@ -318,6 +318,15 @@ def _fail(e, kernel, wg_ids, w, program):
     return LaunchError(f"{where}: {type(e).__name__}: {e}")
 
 
+def _report_race(shadows, kernel, program, found=None):
+    """End the epochs of these workgroups' LDS shadows and raise the report of their earliest race, or of
+    `found`'s if it is an earlier race (an LDS race completed before another error is the first report)."""
+    race = san_mod.earliest_race(shadows, found)
+    if race is not None:
+        w = race.race_wave
+        raise _fail(race, kernel, w.wg.ids, w, program) from race
+
+
 def _run_workgroup(waves, program, hits, kernel, wg_ids, counters):
     """Waves one after another up to each barrier (the fast path, no sanitizer)."""
     live = list(waves)
@@ -355,12 +364,9 @@ def _run_lockstep(groups, regs, program, table, static, hits, kernel, counters, 
                                failing.append)
         race = san_mod.earliest_race(shadows)       # the workgroups' last epochs
         if race is not None:
-            raise race
+            raise race                              # reported below, as a race run_batch raised
     except Exception as e:
-        # an LDS race completed before whatever stopped the batch: it is the first report
-        race = san_mod.earliest_race(shadows, e)
-        if race is not None:
-            raise _fail(race, kernel, race.race_wave.wg.ids, race.race_wave, program) from race
+        _report_race(shadows, kernel, program, e)   # an LDS race completed before whatever stopped the batch
         w = failing[-1] if failing else groups[0][1][0]
         raise _fail(e, kernel, w.wg.ids, w, program) from e
 
@@ -373,9 +379,7 @@ def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, co
     while running or at_barrier:
         if not running:
             counters.barriers += 1
-            race = san_mod.earliest_race(shadows)
-            if race is not None:
-                raise _fail(race, kernel, wg.ids, race.race_wave, program) from race
+            _report_race(shadows, kernel, program)
             running, at_barrier = at_barrier, []
             continue
         if interleave:
@@ -396,11 +400,7 @@ def _run_workgroup_sanitized(waves, program, table, static, hits, kernel, wg, co
                 for hook in wave_end_hooks:
                     hook(w)
         except Exception as e:
-            race = san_mod.earliest_race(shadows, e)
-            if race is not None:
-                raise _fail(race, kernel, wg.ids, race.race_wave, program) from race
+            _report_race(shadows, kernel, program, e)
             raise _fail(e, kernel, wg.ids, w, program) from e
-    race = san_mod.earliest_race(shadows)
-    if race is not None:
-        raise _fail(race, kernel, wg.ids, race.race_wave, program) from race
+    _report_race(shadows, kernel, program)
 
