@@ -4,7 +4,8 @@ A batch (a few workgroups, consecutive in the launch's seeded order) keeps its w
 one (waves, N, 64) array (each Wave.v is its (N, 64) slice). Waves at the same PC form a group; an
 instruction whose handler is shape-generic (the table-driven VALU ops and the f32 fmac / fmaak / fmamk /
 division-step forms: they read rows and constants, broadcast SGPRs and write rows under EXEC) runs once for
-each run of consecutive waves with equal EXEC, on a view whose rows are (waves, 64); a handler with a
+each run of consecutive register slots, on a view whose rows are (waves, 64), under each wave's EXEC
+(operands.exec_mask gives the (waves, 64) masks when they differ); a handler with a
 `group` attribute (buffer loads, LDS accesses, MFMAs, v_cndmask, v_div_scale, s_waitcnt under the sanitizer)
 takes the whole group in one call; every other instruction runs wave by wave with the same handler as alone.
 A group ends where its waves' PCs part (a branch taken by some, a barrier, s_endpgm); the scheduler then
@@ -28,7 +29,6 @@ import numpy as np
 from .dispatch import classify
 from .operands import parse_operand
 from .ops_scalar import BARRIER
-from .state import EXEC_HI, EXEC_LO
 
 SLICE_MAX = 48      # longest run of one group before the seeded scheduler may switch
 
@@ -81,7 +81,7 @@ def sleep_table(program) -> list:
 
 
 class _Rows:
-    """v of a batch: row r of every wave in the batch, as a (waves, 64) view."""
+    """v of a batch whose register slots are consecutive: row r of every wave, as a (waves, 64) view."""
 
     __slots__ = ("regs", "a", "b", "shape")
 
@@ -94,6 +94,32 @@ class _Rows:
 
     def __setitem__(self, r, value):
         self.regs[self.a:self.b, r] = value
+
+    def where(self, r, bits, mask):
+        """Row r := bits where mask (operands.store_row under EXEC)."""
+        np.copyto(self.regs[self.a:self.b, r], bits, where=mask)
+
+
+class _IndexedRows:
+    """v of a batch whose register slots are not consecutive: row r of every wave as a (waves, 64) copy
+    (a gather), written back by a scatter."""
+
+    __slots__ = ("regs", "idx", "shape")
+
+    def __init__(self, regs, slots):
+        self.regs, self.idx = regs, np.array(slots, np.intp)
+        self.shape = (regs.shape[1], len(slots), regs.shape[2])
+
+    def __getitem__(self, r):
+        return self.regs[self.idx, r]
+
+    def __setitem__(self, r, value):
+        self.regs[self.idx, r] = value
+
+    def where(self, r, bits, mask):
+        row = self.regs[self.idx, r]
+        np.copyto(row, bits, where=mask)
+        self.regs[self.idx, r] = row
 
 
 class _Sgprs:
@@ -120,38 +146,18 @@ class _Batch:
     __slots__ = ("v", "s", "waves")
 
     def __init__(self, regs, waves):
-        a = waves[0].slot
-        self.v = _Rows(regs, a, a + len(waves))
+        a, n = waves[0].slot, len(waves)
+        self.v = _Rows(regs, a, a + n) if waves[-1].slot - a == n - 1 else _IndexedRows(regs, [w.slot for w in waves])
         self.s = _Sgprs(waves)
         self.waves = waves
 
 
-def _runs(group, regs):
-    """The group's maximal runs of consecutive register slots: (waves, _Batch or None for a single wave)."""
-    out, cur = [], [group[0]]
-    for w in group[1:]:
-        if w.slot == cur[-1].slot + 1:
-            cur.append(w)
-        else:
-            out.append(cur)
-            cur = [w]
-    out.append(cur)
-    return [(r, _Batch(regs, r) if len(r) > 1 else None) for r in out]
-
-
-def batches(waves):
-    """For a handler's group form: the waves in slot order, as runs of consecutive register slots, each
-    (waves, _Batch over them, or None for a run of one wave)."""
-    return _runs(sorted(waves, key=_slot), waves[0].v.base)
-
-
-def _same_exec(waves):
-    lo, hi = waves[0].s[EXEC_LO], waves[0].s[EXEC_HI]
-    for w in waves:
-        s = w.s
-        if s[EXEC_LO] != lo or s[EXEC_HI] != hi:
-            return False
-    return True
+def batch_of(waves):
+    """For a handler's group form: (the waves in slot order, a _Batch over them, or None for one wave)."""
+    if len(waves) == 1:
+        return waves, None
+    waves = sorted(waves, key=_slot)
+    return waves, _Batch(waves[0].v.base, waves)
 
 
 def _slot(w):
@@ -172,7 +178,7 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
     batched = batched_table(program)
     sleeps = sleep_table(program)
     touch = static.touch if static is not None else None
-    hz = static.hz if static is not None else None
+    hz_reads = static.hz_reads if static is not None else None
     wait_states = static.wait_states if static is not None else None
     running = sorted((w for _, waves in workgroups for w in waves), key=_slot)
     at_barrier = {id(wg): [] for wg, _ in workgroups}
@@ -196,7 +202,7 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
         group = [w for w in running if w.pc == pc]
         for w in group:
             asleep.discard(w.slot)
-        runs = _runs(group, regs) if len(group) > 1 else [(group, None)]
+        batch = _Batch(regs, group) if len(group) > 1 else None     # group: in slot order
         if interleave and len(group) > 1:
             # the order in which the group's waves take each wave-by-wave instruction (memory) is seeded too
             group = group.copy()
@@ -210,7 +216,7 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                 fn, nxt = table[i]
                 hits[i] += len(group)
                 if touch is not None:
-                    t, quiet = touch[i], hz[i] is None
+                    t, reads = touch[i], hz_reads[i]
                     for w in group:
                         cur = w
                         ws = w.san
@@ -218,19 +224,16 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                         if ws.pend & t:
                             ws.missing_wait(i)
                         if ws.hazards:
-                            if quiet:       # check_hazards' first branch: no hazard class, only time passes
-                                ws.clock += wait_states[i]
-                            else:
+                            if reads & ws.hz_dst:
                                 ws.check_hazards(i)
+                            else:           # check_hazards' first branch: no entry can fire, time passes
+                                ws.clock += wait_states[i]
                 if batched[i]:
-                    for run, batch in runs:
-                        if batch is not None and _same_exec(run):
-                            cur = run[0]
-                            fn(batch)
-                        else:
-                            for w in run:
-                                cur = w
-                                fn(w)
+                    if batch is not None:
+                        cur = batch.waves[0]
+                        fn(batch)     # under each wave's EXEC (operands.exec_mask of a batch)
+                    else:
+                        fn(group[0])
                     pc = nxt
                     continue
                 parted = False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .state import EXEC_HI, EXEC_LO, FULL, M0, VCC_HI, VCC_LO, lane_mask
+from .state import EXEC_HI, EXEC_LO, FULL, M0, VCC_HI, VCC_LO, lane_mask, lane_masks
 
 NAMED_SGPRS = {
     "vcc": (VCC_LO, 2), "vcc_lo": (VCC_LO, 1), "vcc_hi": (VCC_HI, 1),
@@ -262,16 +262,21 @@ def bf16_bits_rne(f32: np.ndarray) -> np.ndarray:
 
 
 def exec_mask(w):
-    """None when every lane is active, else the boolean lane mask (all-False arrays included)."""
+    """None when every lane is active, else the boolean lane mask (all-False arrays included); for a lockstep
+    batch whose waves' EXEC differ (its SGPR reads give (waves, 1) arrays), the (waves, 64) masks."""
     ex = w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)
+    if type(ex) is np.ndarray:
+        return lane_masks(ex)
     return None if ex == FULL else lane_mask(ex)
 
 
 def store_row(w, row: int, bits, mask) -> None:
     if mask is None:
         w.v[row] = bits
-    else:
+    elif type(w.v) is np.ndarray:
         np.copyto(w.v[row], bits, where=mask)
+    else:
+        w.v.where(row, bits, mask)      # a lockstep batch's rows (lockstep._Rows, _IndexedRows)
 
 
 def row_writer(op: Operand, typ: str, acc_offset: int, hi: bool = False):

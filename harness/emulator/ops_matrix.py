@@ -105,15 +105,18 @@ def build_mfma(inst, ctx):
             regs = waves[0].v.base
             idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
 
-            def get(g, reader, shape):
+            def get(g, reader, shape, const):
                 if g is not None:
                     return g(regs, idx)
+                if const:                   # one value for every wave (a chain's first C = 0)
+                    return np.broadcast_to(reader(waves[0]), (len(waves),) + shape)
                 return np.stack([np.broadcast_to(reader(w), shape) for w in waves])
-            A = get(ga, ra, (a_regs, WAVE))
-            B = get(gb, rb, (b_regs, WAVE))
-            C = get(gc, rc, (c_regs, WAVE))
+            A = get(ga, ra, (a_regs, WAVE), ops[1].kind == "const")
+            B = get(gb, rb, (b_regs, WAVE), ops[2].kind == "const")
+            C = get(gc, rc, (c_regs, WAVE), ops[3].kind == "const")
             if scaled:
-                d = fast.many(A, B, C, get(gx, sa, (WAVE,)), get(gy, sb, (WAVE,)))
+                d = fast.many(A, B, C, get(gx, sa, (WAVE,), ops[4].kind == "const"),
+                              get(gy, sb, (WAVE,), ops[5].kind == "const"))
             else:
                 d = fast.many(A, B, C)
             if d is None:

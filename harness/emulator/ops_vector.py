@@ -244,9 +244,6 @@ def _carry_op(inst, ctx, base, enc):
     return h
 
 
-_ALL_LANES = np.ones(WAVE, bool)
-
-
 def _cndmask(inst, ctx, base, enc):
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
@@ -273,15 +270,13 @@ def _cndmask(inst, ctx, base, enc):
     def group(waves):
         """Lockstep (lockstep.py): the select over each run's (waves, 64) registers at once, each wave's
         condition and EXEC its own."""
-        from .lockstep import batches
-        for run, b in batches(waves):
-            if b is None:
-                h(run[0])
-                continue
-            c = np.stack([lane_mask(cond(w)) for w in run])
-            ms = [exec_mask(w) for w in run]
-            m = None if all(x is None for x in ms) else np.stack([_ALL_LANES if x is None else x for x in ms])
-            write(b, np.where(c, r1(b), r0(b)), m)
+        from .lockstep import batch_of
+        run, b = batch_of(waves)
+        if b is None:
+            h(run[0])
+            return
+        c = np.stack([lane_mask(cond(w)) for w in run])
+        write(b, np.where(c, r1(b), r0(b)), exec_mask(b))
     h.group = group
     return h
 
@@ -395,16 +390,14 @@ def _div_scale(inst, ctx, base, enc):
 
     def group(waves):
         """Lockstep (lockstep.py): the rows of each run of waves at once under each wave's EXEC; VCC per wave."""
-        from .lockstep import batches
-        for run, b in batches(waves):
-            if b is None:
-                h(run[0])
-                continue
-            ms = [exec_mask(w) for w in run]
-            m = None if all(x is None for x in ms) else np.stack([_ALL_LANES if x is None else x for x in ms])
-            wr(b, s0(b), m)
-            for w in run:
-                cwr(w, 0)
+        from .lockstep import batch_of
+        run, b = batch_of(waves)
+        if b is None:
+            h(run[0])
+            return
+        wr(b, s0(b), exec_mask(b))
+        for w in run:
+            cwr(w, 0)
     if typ == "f32":
         h.group = group
     return h
@@ -520,15 +513,15 @@ def build_vopc(inst, ctx, base, enc):
     def group(waves):
         """Lockstep (lockstep.py): the compare over each run's (waves, 64) registers at once; each wave's
         mask written to its own SGPRs."""
-        from .lockstep import batches
-        for run, b in batches(waves):
-            if b is None:
-                h(run[0])
-                continue
-            res = np.broadcast_to(fn(r0(b), r1(b)), (len(run), WAVE))
-            packed = np.packbits(res, axis=1, bitorder="little").view(np.uint64)[:, 0].tolist()
-            for w, bits in zip(run, packed):
-                put(w, bits & (w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)))
+        from .lockstep import batch_of
+        run, b = batch_of(waves)
+        if b is None:
+            h(run[0])
+            return
+        res = np.broadcast_to(fn(r0(b), r1(b)), (len(run), WAVE))
+        packed = np.packbits(res, axis=1, bitorder="little").view(np.uint64)[:, 0].tolist()
+        for w, bits in zip(run, packed):
+            put(w, bits & (w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)))
     h.group = group
     return h
 

@@ -154,6 +154,7 @@ class StaticInfo:
         self.dst = [0] * n            # registers a memory instruction delivers at completion
         self.wait_states = [1] * n
         self.hz = [None] * n          # hazard class: 'valu', 'mem', ('mfma', a|b mask, c mask)
+        self.hz_reads = [0] * n       # the registers a hazard of its class can involve (0: none)
         self.acc = acc
         for inst in program.insts.values():
             i = (inst.pc - program.base) >> 2
@@ -173,6 +174,7 @@ class StaticInfo:
                 else:
                     self.touch[i] = allm
                 self.hz[i] = "mem"
+                self.hz_reads[i] = self.touch[i]
             else:
                 self.touch[i] = allm
                 if m.startswith(("v_mfma", "v_smfmac")):
@@ -180,8 +182,10 @@ class StaticInfo:
                     for x in masks[1:3] + masks[4:]:
                         ab |= x
                     self.hz[i] = ("mfma", ab, masks[3] if len(masks) > 3 else 0)
+                    self.hz_reads[i] = ab | self.hz[i][2]
                 elif m.startswith("v_"):
                     self.hz[i] = "valu"
+                    self.hz_reads[i] = allm
             if m == "s_nop":
                 self.wait_states[i] = (inst.words[0] & 0xF) + 1 if inst.words else 1
 
@@ -541,7 +545,7 @@ class WaveSan:
     """Outstanding memory operations, MFMA hazards and the handles handlers call."""
 
     __slots__ = ("wave", "waits", "hazards_on", "races", "mem", "lds", "vm", "lgkm", "pend", "hazards", "clock",
-                 "static", "insts", "base", "cur_pc")
+                 "hz_dst", "static", "insts", "base", "cur_pc")
 
     def __init__(self, wave, det, static, program, mem, lds_shadow):
         self.wave = wave
@@ -554,6 +558,7 @@ class WaveSan:
         self.pend = 0
         self.hazards = []          # (dst mask, clock at issue, passes, pc)
         self.clock = 0
+        self.hz_dst = 0            # the union of the entries' dst masks (expired ones included)
         self.static = static
         self.insts = program.insts
         self.base = program.base
@@ -661,13 +666,18 @@ class WaveSan:
         passes = self.static.passes_of_mfma[i]
         if passes is None:                      # computed once per instruction (a regex on the mnemonic)
             passes = self.static.passes_of_mfma[i] = mfma_passes(inst)
-        self.hazards.append((self.static.dst_of_mfma[i], self.clock, passes, self.base + 4 * i))
+        dst = self.static.dst_of_mfma[i]
+        self.hazards.append((dst, self.clock, passes, self.base + 4 * i))
+        self.hz_dst |= dst
+        if len(self.hazards) > 32:  # a long run of instructions that never met the list: drop the expired
+            self.hazards = [e for e in self.hazards if self.clock - e[1] < e[2] + 3]
+            self.hz_dst = _union(self.hazards)
 
     def check_hazards(self, i: int):
         hz = self.static.hz[i]
-        if hz is None:
-            # reads/writes no VGPR an MFMA hazard covers: only time passes (expired entries are dropped at
-            # the next instruction that is checked; they can never fire, elapsed only grows)
+        if not self.static.hz_reads[i] & self.hz_dst:
+            # touches no register of an entry (or has no hazard class): no entry can fire, only time passes
+            # (expired entries are dropped at the next instruction that is checked; elapsed only grows)
             self.clock += self.static.wait_states[i]
             return
         live = []
@@ -692,6 +702,7 @@ class WaveSan:
                     f"{elapsed} wait states after '{self._text(pc)}' (pc {pc:#x}, {passes} passes) wrote them; "
                     f"the CDNA3 ISA requires {need} (s_nop or independent instructions)")
         self.hazards = live
+        self.hz_dst = _union(live)
         self.clock += self.static.wait_states[i]
 
     def _text(self, pc):
@@ -723,6 +734,13 @@ class Instrumented:
             elif m.startswith(("s_load", "s_buffer_load")):
                 table[i] = (_smem_handler(fn, inst, self.static.dst[i]), nxt)
         self.table = table
+
+
+def _union(hazards) -> int:
+    u = 0
+    for e in hazards:
+        u |= e[0]
+    return u
 
 
 def _waitcnt_handler(vm, lgkm):

@@ -32,6 +32,11 @@ def lane_mask(bits: int) -> np.ndarray:
     return m
 
 
+def lane_masks(bits: np.ndarray) -> np.ndarray:
+    """Boolean (waves, 64) array of the lanes set in each wave's 64-bit mask, bits (waves, 1) uint64."""
+    return ((np.asarray(bits, np.uint64) >> np.arange(WAVE, dtype=np.uint64)) & np.uint64(1)).astype(bool)
+
+
 def pack_mask(lanes: np.ndarray) -> int:
     """64-bit integer from a boolean (64,) array."""
     return int(np.packbits(lanes, bitorder="little").view(np.uint64)[0])

@@ -253,6 +253,22 @@ def test_mfma_result_read_too_early_is_reported():
                   options=SAN)
 
 
+def test_mfma_hazard_seen_past_instructions_that_skip_the_check():
+    """Instructions that touch none of the pending MFMA results skip the hazard check (WaveSan.hz_dst) but
+    still count their wait states: the read after them is judged on the elapsed states as before."""
+    other = "  v_mov_b32 v31, v2\n  s_nop 3\n  v_add_u32 v32, v3, v4\n"      # 1 + 4 + 1 = 6 states
+    with pytest.raises(emulator.LaunchError) as err:
+        asmkernel.run(MFMA + other + "  v_mov_b32 v30, v21\n", options=SAN)
+    assert "mfma-hazard" in str(err.value) and "6 wait states" in str(err.value)
+    asmkernel.run(MFMA + other + "  s_nop 4\n  v_mov_b32 v30, v21\n", options=SAN)         # 6 + 5 = 11
+    # 40 MFMAs into other registers, none read (the list drops its expired entries past 32), then one
+    # read too early of the last
+    chain = "".join("  v_mfma_f32_16x16x32_bf16 v[40:43], v[2:5], v[2:5], 0\n" for _ in range(40))
+    with pytest.raises(emulator.LaunchError) as err:
+        asmkernel.run(MFMA + chain + "  v_mov_b32 v30, v41\n", options=SAN)
+    assert "mfma-hazard" in str(err.value) and "v41" in str(err.value)
+
+
 # ---- stored intervals: what `workgroups = "tiles"` sampling compares ----------------------------------------
 
 def test_stored_intervals_give_exactly_the_sampled_tiles():
