@@ -4,8 +4,9 @@ A batch (a few workgroups, consecutive in the launch's seeded order) keeps its w
 one (waves, N, 64) array (each Wave.v is its (N, 64) slice). Waves at the same PC form a group; an
 instruction whose handler is shape-generic (the table-driven VALU ops and the f32 fmac / fmaak / fmamk /
 division-step forms: they read rows and constants, broadcast SGPRs and write rows under EXEC) runs once for
-each run of consecutive register slots, on a view whose rows are (waves, 64), under each wave's EXEC
-(operands.exec_mask gives the (waves, 64) masks when they differ); a handler with a
+the whole group on rows of (waves, 64) (a view of the register file where the waves' slots are consecutive,
+else a gather and a scatter), under each wave's EXEC (operands.exec_mask gives the (waves, 64) masks when
+they differ); a handler with a
 `group` attribute (buffer loads, LDS accesses, MFMAs, v_cndmask, v_div_scale, s_waitcnt under the sanitizer)
 takes the whole group in one call; every other instruction runs wave by wave with the same handler as alone.
 A group ends where its waves' PCs part (a branch taken by some, a barrier, s_endpgm); the scheduler then
