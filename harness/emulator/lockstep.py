@@ -4,7 +4,7 @@ A batch (a few workgroups, consecutive in the launch's seeded order) keeps its w
 one (waves, N, 64) array (each Wave.v is its (N, 64) slice). Waves at the same PC form a group; an
 instruction whose handler is shape-generic (the table-driven VALU ops and the f32 fmac / fmaak / fmamk /
 division-step forms: they read rows and constants, broadcast SGPRs and write rows under EXEC) runs once for
-the whole group on rows of (waves, 64) (a view of the register file where the waves' slots are consecutive,
+the whole group, when the SGPRs it reads hold one value in every wave, on rows of (waves, 64) (a view of the register file where the waves' slots are consecutive,
 else a gather and a scatter), under each wave's EXEC (operands.exec_mask gives the (waves, 64) masks when
 they differ); a handler with a
 `group` attribute (buffer loads, LDS accesses, MFMAs, v_cndmask, v_div_scale, s_waitcnt under the sanitizer)
@@ -42,11 +42,13 @@ _BATCHED_SPECIAL = frozenset(("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_div
 
 
 def batched_table(program) -> list:
-    """Per instruction: True when its handler may run on a (waves, 64) view."""
+    """Per instruction: None when its handler runs wave by wave, else the SGPRs it reads (a tuple, often
+    empty): it runs on a (waves, 64) view when they hold one value in every wave. (With per-wave SGPR values
+    numpy may pick another NaN of two NaN operands than the 0-d value of a wave alone gives.)"""
     cache = program.__dict__.get("_lockstep_table")
     if cache is not None:
         return cache
-    out = [False] * len(program.table)
+    out = [None] * len(program.table)
     for inst in program.insts.values():
         i = (inst.pc - program.base) >> 2
         if inst.pc in program.unknown:
@@ -60,11 +62,11 @@ def batched_table(program) -> list:
         if k.base in _NOT_BATCHED:
             continue
         try:
-            kinds = {parse_operand(o).kind for o in inst.operands}
+            ops = [parse_operand(o) for o in inst.operands]
         except Exception:  # noqa: BLE001 - an operand the builders did not accept either
             continue
-        if kinds <= {"v", "a", "s", "const"}:
-            out[i] = True
+        if {o.kind for o in ops} <= {"v", "a", "s", "const"}:
+            out[i] = tuple(o.index + k for o in ops if o.kind == "s" for k in range(o.count))
     program.__dict__["_lockstep_table"] = out
     return out
 
@@ -161,6 +163,16 @@ def batch_of(waves):
     return waves, _Batch(waves[0].v.base, waves)
 
 
+def _uniform(waves, sgprs) -> bool:
+    """Do these SGPRs hold one value in every wave?"""
+    for i in sgprs:
+        v0 = waves[0].s[i]
+        for w in waves:
+            if w.s[i] != v0:
+                return False
+    return True
+
+
 def _slot(w):
     return w.slot
 
@@ -229,12 +241,15 @@ def run_batch(workgroups, regs, program, table, static, hits, counters, rng, int
                                 ws.check_hazards(i)
                             else:           # check_hazards' first branch: no entry can fire, time passes
                                 ws.clock += wait_states[i]
-                if batched[i]:
-                    if batch is not None:
+                sgprs = batched[i]
+                if sgprs is not None:
+                    if batch is not None and _uniform(batch.waves, sgprs):
                         cur = batch.waves[0]
                         fn(batch)     # under each wave's EXEC (operands.exec_mask of a batch)
                     else:
-                        fn(group[0])
+                        for w in group:
+                            cur = w
+                            fn(w)
                     pc = nxt
                     continue
                 parted = False

@@ -268,7 +268,7 @@ def _cndmask(inst, ctx, base, enc):
         return h
 
     def group(waves):
-        """Lockstep (lockstep.py): the select over each run's (waves, 64) registers at once, each wave's
+        """Lockstep (lockstep.py): the select over the group's (waves, 64) registers at once, each wave's
         condition and EXEC its own."""
         from .lockstep import batch_of
         run, b = batch_of(waves)
@@ -389,7 +389,7 @@ def _div_scale(inst, ctx, base, enc):
         cwr(w, 0)
 
     def group(waves):
-        """Lockstep (lockstep.py): the rows of each run of waves at once under each wave's EXEC; VCC per wave."""
+        """Lockstep (lockstep.py): the rows of the group's waves at once under each wave's EXEC; VCC per wave."""
         from .lockstep import batch_of
         run, b = batch_of(waves)
         if b is None:
@@ -511,7 +511,7 @@ def build_vopc(inst, ctx, base, enc):
         put(w, pack_mask(res) & ex)
 
     def group(waves):
-        """Lockstep (lockstep.py): the compare over each run's (waves, 64) registers at once; each wave's
+        """Lockstep (lockstep.py): the compare over the group's (waves, 64) registers at once; each wave's
         mask written to its own SGPRs."""
         from .lockstep import batch_of
         run, b = batch_of(waves)

@@ -674,12 +674,13 @@ class WaveSan:
             self.hz_dst = _union(self.hazards)
 
     def check_hazards(self, i: int):
-        hz = self.static.hz[i]
         if not self.static.hz_reads[i] & self.hz_dst:
             # touches no register of an entry (or has no hazard class): no entry can fire, only time passes
-            # (expired entries are dropped at the next instruction that is checked; elapsed only grows)
+            # (expired entries are dropped at the next instruction that touches one, or past 32 entries at an
+            # MFMA's issue; elapsed only grows)
             self.clock += self.static.wait_states[i]
             return
+        hz = self.static.hz[i]
         live = []
         for dmask, t0, passes, pc in self.hazards:
             elapsed = self.clock - t0

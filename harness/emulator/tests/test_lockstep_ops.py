@@ -311,6 +311,34 @@ def test_special_valu_forms(opts):
     assert not np.array_equal(on0, on1)                          # the waves' EXEC masks differ
 
 
+# table-driven VALU with an SGPR operand that differs by wave (s7: the wave's first thread id in a NaN) and
+# one that does not (s40), both sources NaN, under partial EXEC that differs by wave: a batch must give each
+# lane the NaN a wave alone gives
+NAN_SGPRS = """
+  v_readfirstlane_b32 s7, v0
+  s_or_b32 s7, s7, 0x7f800001
+  s_mov_b32 s40, 0xffc00005
+  v_or_b32 v20, 0x7fa00000, v0
+  v_and_b32 v24, 0x3f, v5
+  v_cmp_lt_u32 s[30:31], 20, v24
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_add_f32 v30, s7, v20
+  v_mul_f32_e64 v31, v20, s7
+  v_add_f32 v32, s40, v20
+  v_pk_add_f16 v33, s7, v20 op_sel:[1,0]
+  v_max_f32 v34, s7, v20
+  v_add_f32 v35, v20, v20
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_valu_nan_operands_with_per_wave_sgprs(opts):
+    v, _, _ = _both(NAN_SGPRS, opts, slice(30, 36))
+    assert not np.array_equal(v[0][0], v[1][0])                   # the waves' results differ
+    assert np.isnan(v[0][0].view(np.float32)[v[0][0] != 0]).all()  # lanes in EXEC: NaN
+
+
 # stores through a buffer over the output (32 KB), each form to its own region, per-thread disjoint bytes
 # (the group's one scatter), then a store under partial EXEC and one with lanes past num_records (wave by
 # wave)
