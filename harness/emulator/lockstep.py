@@ -29,6 +29,7 @@ import numpy as np
 
 from .dispatch import classify
 from .operands import parse_operand
+from .semantics import OPS, PK16, PK32
 from .ops_scalar import BARRIER
 
 SLICE_MAX = 48      # longest run of one group before the seeded scheduler may switch
@@ -41,10 +42,19 @@ _NOT_BATCHED = frozenset(("v_bfrev_b32", "v_perm_b32"))
 _BATCHED_SPECIAL = frozenset(("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_div_fmas_f32", "v_div_fixup_f32"))
 
 
+def _float_sources(k) -> int:
+    """How many floating-point sources the instruction's table row reads (special builders: all float)."""
+    table = {"v_op": OPS, "v_pk16": PK16, "v_pk32": PK32}.get(k.family)
+    if table is None or k.base not in table:
+        return 3
+    return sum(t.startswith(("f", "bf")) for t in table[k.base].sources)
+
+
 def batched_table(program) -> list:
     """Per instruction: None when its handler runs wave by wave, else the SGPRs it reads (a tuple, often
     empty): it runs on a (waves, 64) view when they hold one value in every wave. (With per-wave SGPR values
-    numpy may pick another NaN of two NaN operands than the 0-d value of a wave alone gives.)"""
+    numpy may pick another NaN of two NaN operands than the 0-d value of a wave alone gives, so only rows
+    with two or more float sources list their SGPRs; integer rows run batched whatever the SGPRs hold.)"""
     cache = program.__dict__.get("_lockstep_table")
     if cache is not None:
         return cache
@@ -66,7 +76,8 @@ def batched_table(program) -> list:
         except Exception:  # noqa: BLE001 - an operand the builders did not accept either
             continue
         if {o.kind for o in ops} <= {"v", "a", "s", "const"}:
-            out[i] = tuple(o.index + k for o in ops if o.kind == "s" for k in range(o.count))
+            out[i] = (tuple(o.index + n for o in ops if o.kind == "s" for n in range(o.count))
+                      if _float_sources(k) >= 2 else ())
     program.__dict__["_lockstep_table"] = out
     return out
 

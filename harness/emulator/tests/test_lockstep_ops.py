@@ -339,6 +339,42 @@ def test_valu_nan_operands_with_per_wave_sgprs(opts):
     assert np.isnan(v[0][0].view(np.float32)[v[0][0] != 0]).all()  # lanes in EXEC: NaN
 
 
+# integer rows whose SGPR sources differ by wave (s2: the workgroup id; s7: a lane of v0): a wave's result
+# never depends on which NaN numpy picks, so they run batched whatever the SGPRs hold
+INT_SGPRS = """
+  v_readfirstlane_b32 s7, v0
+  s_lshl_b32 s40, s2, 7
+  v_and_b32 v24, 0x3f, v5
+  v_cmp_lt_u32 s[30:31], 20, v24
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_add_u32 v30, s7, v5
+  v_lshl_add_u32 v31, v5, 2, s40
+  v_mul_lo_u32 v32, s40, v5
+  v_sub_u32 v33, s40, v5
+  v_pk_add_u16 v34, s7, v5 op_sel:[1,0]
+  v_max_i32 v35, s7, v5
+  v_add_f32 v36, s7, v5
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_valu_integer_rows_batched_with_per_wave_sgprs(opts):
+    from harness.emulator import lockstep, runtime
+    from harness.emulator.codeobject import read_code_object
+    from harness.emulator.tests.asmkernel import assemble
+
+    v, _, _ = _both(INT_SGPRS, opts, slice(30, 37))
+    assert not np.array_equal(v[0][0], v[1][0])                   # s7 differs between a workgroup's waves
+    assert not np.array_equal(v[0][1], v[4][1])                   # s40 between workgroups
+    program, _ = runtime.program_for(read_code_object(assemble(INT_SGPRS)), "k")
+    table = {inst.mnemonic.removesuffix("_e32"): lockstep.batched_table(program)[(inst.pc - program.base) >> 2]
+             for inst in program.insts.values()}
+    ints = ("v_add_u32", "v_lshl_add_u32", "v_mul_lo_u32", "v_sub_u32", "v_pk_add_u16", "v_max_i32")
+    assert all(table[m] == () for m in ints), table
+    assert table["v_add_f32"] == (7,)                             # two float sources: the SGPR is checked
+
+
 # stores through a buffer over the output (32 KB), each form to its own region, per-thread disjoint bytes
 # (the group's one scatter), then a store under partial EXEC and one with lanes past num_records (wave by
 # wave)
