@@ -803,58 +803,55 @@ def _smem_handler(fn, inst, mask):
             cimm += int(o.value)
         elif o.kind == "s":
             soff_idx = o.index
+    what = f"'{inst.text.strip()}'"
+
+    def reach(sg):
+        """(address, bytes read) of the load from these SGPRs: a buffer's num_records clips each wave's."""
+        base = sg[base_idx] | ((sg[base_idx + 1] & (0xFFFF if is_buffer else 0xFFFFFFFF)) << 32)
+        off = imm + cimm + (sg[soff_idx] if soff_idx is not None else 0)
+        nb = 4 * n
+        if is_buffer:
+            nb = max(0, min(nb, sg[base_idx + 2] - (off & ~3)))
+        return (base + (off & ~3)) & ((1 << 64) - 1), nb
+
+    def load(w):
+        """The load now, its SGPRs delivered by the wave's queue (at the covering s_waitcnt)."""
+        old = w.s[dst: dst + n]
+        fn(w)
+        new = w.s[dst: dst + n]
+        w.s[dst: dst + n] = old
+        w.san.issue("smem", mask, lambda: w.s.__setitem__(slice(dst, dst + n), new))
 
     def h(w):
         s = w.san
         if s is None:
             return fn(w)
         if s.mem is not None:
-            sg = w.s
-            base = sg[base_idx] | ((sg[base_idx + 1] & (0xFFFF if is_buffer else 0xFFFFFFFF)) << 32)
-            off = imm + cimm + (sg[soff_idx] if soff_idx is not None else 0)
-            addr = (base + (off & ~3)) & ((1 << 64) - 1)
-            nb = 4 * n
-            if is_buffer:
-                nb = max(0, min(nb, sg[base_idx + 2] - (off & ~3)))
+            addr, nb = reach(w.s)
             if nb:
-                s.mem.check(np.array([addr]), nb, np.array([0]), f"'{inst.text.strip()}'", read=True, write=False)
-        old = w.s[dst: dst + n]
-        fn(w)
-        new = w.s[dst: dst + n]
-        w.s[dst: dst + n] = old
-
-        def apply():
-            w.s[dst: dst + n] = new
-        s.issue("smem", mask, apply)
-
-    if is_buffer:   # (per-wave byte counts: num_records clips each wave's load)
-        return h
-    what = f"'{inst.text.strip()}'"
+                s.mem.check(np.array([addr]), nb, np.array([0]), what, read=True, write=False)
+        load(w)
 
     def group(waves):
-        """Lockstep: the group's addresses in one memory check (a read check has no side effect), then each
-        wave's load and queue entry in order. Should the check report, the waves run one by one instead, so
-        the report and its wave are the per-wave path's."""
+        """Lockstep: the group's addresses in one memory check per byte count (a read check has no side
+        effect), then each wave's load and queue entry in order. Should a check report, the waves run one
+        by one instead, so the report and its wave are the per-wave path's."""
         mem = waves[0].san.mem if waves[0].san is not None else None
         if mem is not None and all(w.san is not None and w.san.mem is mem for w in waves):
-            addrs = []
+            by_nb = {}
             for w in waves:
-                sg = w.s
-                base = sg[base_idx] | (sg[base_idx + 1] << 32)
-                off = imm + cimm + (sg[soff_idx] if soff_idx is not None else 0)
-                addrs.append((base + (off & ~3)) & ((1 << 64) - 1))
+                addr, nb = reach(w.s)
+                if nb:
+                    by_nb.setdefault(nb, []).append(addr)
             try:
-                mem.check(np.array(addrs), 4 * n, np.zeros(len(addrs), np.int64), what, read=True, write=False)
+                for nb, addrs in by_nb.items():
+                    mem.check(np.array(addrs), nb, np.zeros(len(addrs), np.int64), what, read=True, write=False)
             except SanitizerError:
                 one_by_one(waves)
                 raise AssertionError("a grouped scalar-load check reported, the per-wave checks did not")
             for w in waves:
                 try:
-                    old = w.s[dst: dst + n]
-                    fn(w)
-                    new = w.s[dst: dst + n]
-                    w.s[dst: dst + n] = old
-                    w.san.issue("smem", mask, lambda w=w, new=new: w.s.__setitem__(slice(dst, dst + n), new))
+                    load(w)
                 except SanitizerError as e:
                     e.wave = w
                     raise

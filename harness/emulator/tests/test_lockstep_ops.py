@@ -167,6 +167,71 @@ def test_scalar_load_report_names_the_same_wave(interleave):
     assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
 
 
+# scalar buffer loads at a per-wave offset (12 x the wave's first thread id + 686) into BUFFER's 3000-byte
+# buffer: wave 3 of each workgroup reads bytes 2988.. (num_records clips its x4 load to 12 bytes), the others
+# whole; the group form checks each byte count's addresses at once
+SBUF = BUFFER + """
+  v_readfirstlane_b32 s40, v0
+  s_mul_i32 s41, s40, 12
+  s_add_u32 s41, s41, 686
+  s_buffer_load_dwordx4 s[44:47], s[24:27], s41
+  s_buffer_load_dword s48, s[24:27], 0x10
+  s_waitcnt lgkmcnt(0)
+  v_mov_b32 v30, s44
+  v_mov_b32 v31, s46
+  v_mov_b32 v32, s47
+  v_mov_b32 v33, s48
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_scalar_buffer_loads_clipped_per_wave(opts):
+    x = _inputs()
+    v = _both(SBUF, opts, [30, 31, 32, 33])[0]
+    for k, regs in enumerate(v):
+        first = (12 * 64 * (k % 4) + 686) // 4          # the wave's first dword (SMEM drops the low 2 bits)
+        want = [x[first + j] if 4 * (first + j) + 4 <= 3000 else 0 for j in (0, 2, 3)] + [x[4]]
+        for row, value in zip(regs, want):
+            np.testing.assert_array_equal(row, np.full(64, value))
+    assert (v[3][2] == 0).all() and (v[3][1] != 0).all()    # wave 3: only its last dword past num_records
+
+
+def test_scalar_buffer_load_checks_are_grouped(monkeypatch):
+    """Lockstep checks each byte count's addresses at once: the same 16 addresses (8 waves, 2 loads) in
+    fewer calls than wave by wave, wave 3's clipped 12 bytes in a call of their own."""
+    x = _inputs()
+    calls = {}
+    real_check = MemoryMap.check
+
+    def check(self, addrs, nbytes, lanes, what, *a, **k):
+        if "s_buffer_load" in what:
+            calls.setdefault(lockstep, []).append((len(addrs), nbytes))
+        return real_check(self, addrs, nbytes, lanes, what, *a, **k)
+    monkeypatch.setattr(MemoryMap, "check", check)
+    for lockstep in (False, True):
+        run(SBUF, inputs=x, block=256, grid=2, options=dict(sanitize=True, lockstep=lockstep,
+                                                             memory=_Map(x.ctypes.data, x.ctypes.data + x.nbytes)))
+    alone, together = calls[False], calls[True]
+    assert sorted(n for n, _ in alone) == [1] * 16
+    assert sum(n for n, _ in together) == 16 and len(together) < len(alone)
+    assert sum(n for n, nb in together if nb == 12) == 2      # wave 3 of each workgroup
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_scalar_buffer_load_report_names_the_same_wave(interleave):
+    """Only wave 3's clipped load (bytes 2988..2999) reaches past 2990 mapped bytes: named both ways."""
+    x = _inputs()
+    opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
+    msgs = []
+    for lockstep in (False, True):
+        with pytest.raises(engine.SanitizerReport) as err:
+            run(SBUF, inputs=x, block=256, grid=1,
+                options=dict(opts, lockstep=lockstep, memory=_Map(x.ctypes.data, x.ctypes.data + 2990)))
+        msgs.append(str(err.value))
+    assert msgs[0] == msgs[1]
+    assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
+
+
 # per-wave operands (16 bytes per thread from the input), MFMAs with VGPR and constant accumulators, two
 # scale forms, one unscaled FP4 one and two bf16 ones; each wave's registers differ
 MFMA = """
