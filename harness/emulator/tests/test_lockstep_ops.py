@@ -152,21 +152,6 @@ def test_scalar_loads_at_per_wave_addresses(opts):
         np.testing.assert_array_equal(regs[2], np.full(64, x[first + 1]))
 
 
-@pytest.mark.parametrize("interleave", [False, True])
-def test_scalar_load_report_names_the_same_wave(interleave):
-    """Only wave 3's scalar load (bytes 768 + 0x900..) reaches past the 2900 mapped bytes: named both ways."""
-    x = _inputs()
-    opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
-    msgs = []
-    for lockstep in (False, True):
-        with pytest.raises(engine.SanitizerReport) as err:
-            run(SMEM, inputs=x, block=256, grid=1,
-                options=dict(opts, lockstep=lockstep, memory=_Map(x.ctypes.data, x.ctypes.data + 2900)))
-        msgs.append(str(err.value))
-    assert msgs[0] == msgs[1]
-    assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
-
-
 # scalar buffer loads at a per-wave offset (12 x the wave's first thread id + 686) into BUFFER's 3000-byte
 # buffer: wave 3 of each workgroup reads bytes 2988.. (num_records clips its x4 load to 12 bytes), the others
 # whole; the group form checks each byte count's addresses at once
@@ -218,15 +203,17 @@ def test_scalar_buffer_load_checks_are_grouped(monkeypatch):
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-def test_scalar_buffer_load_report_names_the_same_wave(interleave):
-    """Only wave 3's clipped load (bytes 2988..2999) reaches past 2990 mapped bytes: named both ways."""
+@pytest.mark.parametrize("program,mapped", [("SMEM", 2900), ("SBUF", 2990)])
+def test_scalar_load_report_names_the_same_wave(program, mapped, interleave):
+    """Only wave 3's scalar load reaches past the mapped bytes (SMEM: bytes 768 + 0x900.. past 2900; SBUF: its
+    clipped load, bytes 2988..2999, past 2990): the report names it both ways."""
     x = _inputs()
     opts = dict(sanitize=True, interleave_seed=5) if interleave else dict(sanitize={"waits", "hazards"})
     msgs = []
     for lockstep in (False, True):
         with pytest.raises(engine.SanitizerReport) as err:
-            run(SBUF, inputs=x, block=256, grid=1,
-                options=dict(opts, lockstep=lockstep, memory=_Map(x.ctypes.data, x.ctypes.data + 2990)))
+            run(globals()[program], inputs=x, block=256, grid=1,
+                options=dict(opts, lockstep=lockstep, memory=_Map(x.ctypes.data, x.ctypes.data + mapped)))
         msgs.append(str(err.value))
     assert msgs[0] == msgs[1]
     assert "wave 3" in msgs[0] and "out-of-bounds" in msgs[0]
