@@ -203,7 +203,8 @@ def test_scalar_buffer_load_checks_are_grouped(monkeypatch):
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-@pytest.mark.parametrize("program,mapped", [("SMEM", 2900), ("SBUF", 2990)])
+@pytest.mark.parametrize("program,mapped", [pytest.param(SMEM, 2900, id="s_load"),
+                                            pytest.param(SBUF, 2990, id="s_buffer_load")])
 def test_scalar_load_report_names_the_same_wave(program, mapped, interleave):
     """Only wave 3's scalar load reaches past the mapped bytes (SMEM: bytes 768 + 0x900.. past 2900; SBUF: its
     clipped load, bytes 2988..2999, past 2990): the report names it both ways."""
@@ -212,7 +213,7 @@ def test_scalar_load_report_names_the_same_wave(program, mapped, interleave):
     msgs = []
     for lockstep in (False, True):
         with pytest.raises(engine.SanitizerReport) as err:
-            run(globals()[program], inputs=x, block=256, grid=1,
+            run(program, inputs=x, block=256, grid=1,
                 options=dict(opts, lockstep=lockstep, memory=_Map(x.ctypes.data, x.ctypes.data + mapped)))
         msgs.append(str(err.value))
     assert msgs[0] == msgs[1]
