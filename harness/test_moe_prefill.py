@@ -1,9 +1,10 @@
-"""The MoE prefill tier (kernels/moe/mxfp4_moe/prefill.py) on a small shape built for it: its output must be
-bitwise the 16-row tier's on the same inputs. The routing puts half the tokens' first slot on expert 0 (100
-pairs, seven 16-row tiles: super-tiles of 4 and 3), the rest spread, one id out of
-range (dropped); the gate-up K has a tail (hidden 2880 in 23 K-steps), the intermediate has dead columns (a
-TP rank's padding), and the K grouping is the TP8 package's (chunks of 4 K-steps, pairs of chunks). The
-regime shapes' edge is checked by test_batch_invariance (255 | 256 tokens)."""
+"""The MoE prefill tiers (kernels/moe/mxfp4_moe/prefill.py) on a small shape built for them: each tier's output
+must be bitwise the 16-row tier's on the same inputs. The routing puts three quarters of the tokens' first
+slot on expert 0 (150 pairs, ten 16-row tiles: super-tiles of 4, 4 and 2 tiles in the 64-row tier, of 8 and
+2 in the 128-row one), the rest spread, one id out of range (dropped); the gate-up K has a tail (hidden 2880
+in 23 K-steps), the intermediate has dead columns (a TP rank's padding), and the K grouping is the TP8
+package's, one group, or h6144's (fixture `pipeline`). The regime shapes' edges are checked by
+test_batch_invariance."""
 
 from __future__ import annotations
 
@@ -12,16 +13,23 @@ import torch
 
 from harness import device as devices
 
-H, IP, E, TOP_K, LIVE, M = 2880, 384, 8, 4, 192, 200
+E, TOP_K, DEAD, M = 8, 4, 192, 200
 
 
-@pytest.fixture(scope="module")
-def pipeline():
+# (hidden, IP, small_m_waves). With a small-M tier (8 waves) the gate-up sums K in groups of chunks (three
+# accumulator sets: the 128-row tier's gate-up stages one K-step per barrier), without in one group (two sets,
+# two K-steps). h6144's grouping (3 chunks a group) gives 12 gate-up groups, which 8 waves stage in two rounds
+# with spare slots (prefill.slots); down's 20 groups (hidden 2880) do so too.
+@pytest.fixture(scope="module", params=[(2880, 384, 8), (2880, 384, 0), (6144, 768, 8)],
+                ids=["group2", "group1", "h6144"])
+def pipeline(request):
     from amd_kernels import warm_up
     from amd_kernels.moe import mxfp4_moe
 
-    p = mxfp4_moe.build(H, IP, E, TOP_K, "gptoss", "test_moe_prefill", small_m_waves=8, prefill_from=256)
-    return p, warm_up.VariantTable("harness.test_moe_prefill", {k: warm_up.Variant(*v) for k, v in p.variants.items()})
+    hidden, ip, small_m = request.param
+    name = f"test_moe_prefill_{hidden}_{small_m}"
+    p = mxfp4_moe.build(hidden, ip, E, TOP_K, "gptoss", name, small_m_waves=small_m, prefill_from=256)
+    return p, warm_up.VariantTable(f"harness.{name}", {k: warm_up.Variant(*v) for k, v in p.variants.items()})
 
 
 def _inputs(p, dev):
@@ -36,27 +44,32 @@ def _inputs(p, dev):
             w[k] = torch.randint(118, 124, s, generator=g, dtype=torch.int32).to(prepare.WEIGHT_DTYPES[k])
         elif k.endswith("bias"):
             w[k] = torch.randn(s, generator=g) * 0.1
-    w["shard"] = torch.tensor([0, LIVE, 1, 0], dtype=torch.int32)
+    w["shard"] = torch.tensor([0, p.geometry.ip - DEAD, 1, 0], dtype=torch.int32)
     ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(M)]).to(torch.int32)
-    for i in range(M // 2):  # expert 0 hot: 100 pairs
+    for i in range(3 * M // 4):  # expert 0 hot: 150 pairs
         ids[i] = torch.cat([torch.zeros(1, dtype=torch.int32), 1 + torch.randperm(E - 1, generator=g)[:TOP_K - 1]])
     ids[3, TOP_K - 1] = E + 5
-    x = torch.randn(M, H, generator=g).to(torch.bfloat16)
+    x = torch.randn(M, p.geometry.hidden, generator=g).to(torch.bfloat16)
     tw = torch.rand(M, TOP_K, generator=g)
     return {k: v.to(dev) for k, v in w.items()}, x.to(dev), tw.to(dev), ids.to(dev)
 
 
-def test_prefill_bitwise_equal_to_the_16_row_tier(pipeline):
+@pytest.mark.parametrize("tier", ["moe.prefill", "moe.prefill128"])
+def test_prefill_bitwise_equal_to_the_16_row_tier(pipeline, tier):
+    from amd_kernels.moe.mxfp4_moe import prefill
+
     p, table = pipeline
     assert p.variant_for(256) == "moe.prefill" and p.variant_for(255) != "moe.prefill"
+    assert all(w < 10 < 3 * w and 10 % w for w in prefill.WAVES), "expert 0's 10 tiles: full and partial super-tiles"
+    assert prefill.gate_up_steps(p.geometry, 8) == (1 if p.geometry.small_m_waves else 2)
     dev = devices.current().torch_device
     w, x, tw, ids = _inputs(p, dev)
     outs = {}
-    for key in ("moe.full", "moe.prefill"):
+    for key in ("moe.full", tier):
         out = torch.zeros_like(x)
         table[key](*p.launch_args(key, x, tw, ids, w, out, dev), None)
         outs[key] = out.cpu()
-    full, pre = (outs[k].view(torch.int16) for k in ("moe.full", "moe.prefill"))
+    full, pre = (outs[k].view(torch.int16) for k in ("moe.full", tier))
     assert (outs["moe.full"] != 0).any(dim=1).all(), "a row of the 16-row tier's output is all zero"
     differ = (full != pre).any(dim=1)
     assert not differ.any(), f"rows {differ.nonzero().flatten().tolist()[:10]} differ between the tiers"

@@ -72,21 +72,29 @@ def test_routed_is_route_then_moe_bitwise(package, tp_size, tp_rank, tokens):
     routed_from = importlib.import_module(discovery.discover()[package].module).ROUTED_PREFILL_FROM
     if names and tokens < routed_from:  # decode: 3 launches
         assert len(names) == 3 and names[0].endswith("_route_quant_sort"), names
-    elif names:  # the prefill tier: 4
-        assert len(names) == 4 and names[0].endswith("_route_quant_sort_prefill"), names
+    elif names:  # a prefill tier: 4
+        assert len(names) == 4 and "_route_quant_sort_prefill" in names[0], names
 
 
-@pytest.mark.parametrize("package,tp_size,tp_rank,tokens", [
-    (TP8, 8, 7, 17),
-    pytest.param(TP8, 8, 7, 40, marks=pytest.mark.skipif(not FULL, reason="AMD_KERNELS_FULL=1 runs it")),
-    pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 17,
+@pytest.mark.parametrize("package,tp_size,tp_rank,tokens,key", [
+    (TP8, 8, 7, 17, "fused.prefill"),
+    (TP8, 8, 7, 17, "fused.prefill128"),
+    pytest.param(TP8, 8, 7, 40, "fused.prefill",
+                 marks=pytest.mark.skipif(not FULL, reason="AMD_KERNELS_FULL=1 runs it")),
+    pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 17, "fused.prefill",
+                 marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it")),
+    pytest.param("moe/mxfp4_h2880_i2880_e128_top4", 1, 0, 17, "fused.prefill128",
                  marks=pytest.mark.skipif(not FULL, reason="TP1: AMD_KERNELS_FULL=1 runs it"))], ids=str)
-def test_routed_prefill_tier_is_route_then_moe_bitwise(package, tp_size, tp_rank, tokens):
-    """The routed entry's prefill tier (fused.prefill: the router, quant and the super-tile sort in one
-    launch, then the moe prefill tier's gate-up, down and combine), forced at a small count (the entry picks
-    it from ROUTED_PREFILL_FROM tokens, where a whole emulated run costs minutes): bitwise the route package's
-    launch followed by the moe entry (the full tier at 17 tokens, the prefill tier at 40), in 4 launches."""
-    names = _routed_against_route_then_moe(package, tp_size, tp_rank, tokens, forced_key="fused.prefill")
+def test_routed_prefill_tier_is_route_then_moe_bitwise(package, tp_size, tp_rank, tokens, key):
+    """The routed entry's prefill tiers (fused.prefill and fused.prefill128: the router, quant and the
+    super-tile sort in one launch, then the moe prefill tier's gate-up, down and combine), forced at a small
+    count (the entry picks them from thousands of tokens, where a whole emulated run costs minutes): bitwise
+    the route package's launch followed by the moe entry (the full tier at 17 tokens, the 64-row prefill tier
+    at 40), in 4 launches."""
+    from amd_kernels.moe.mxfp4_moe.geometry import prefill_suffix
+
+    names = _routed_against_route_then_moe(package, tp_size, tp_rank, tokens, forced_key=key)
     if names:
-        assert len(names) == 4 and names[0].endswith("_route_quant_sort_prefill"), names
-        assert names[1].endswith("_gate_up_prefill") and names[2].endswith("_down_prefill"), names
+        suffix = prefill_suffix(8 if key.endswith("128") else 4)
+        assert len(names) == 4 and names[0].endswith("_route_quant_sort" + suffix), names
+        assert names[1].endswith("_gate_up" + suffix) and names[2].endswith("_down" + suffix), names

@@ -44,17 +44,23 @@ def routed_moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *
                 c.min_mfma, min_write_bytes=c.min_write_bytes, boundary_bytes=c.boundary_bytes + topk)
 
 
+def expert_bytes(hidden: int, per: int, *, biases: bool, tp_rank: int = 0) -> tuple[int, int]:
+    """(w13, w2) bytes of one expert's weights at `per` intermediate columns: MXFP4 codes, E8M0 scales and, where
+    the model has them, bf16 biases (the w2 bias on rank 0 only)."""
+    w13 = 2 * per * (hidden // 2 + hidden // 32) + (2 * per * 2 if biases else 0)
+    w2 = hidden * (per // 2 + per // 32) + (hidden * 2 if biases and tp_rank == 0 else 0)
+    return w13, w2
+
+
 def moe_cost(m: int, hidden: int, inter: int, experts: int, top_k: int, *, tp_size: int = 1, tp_rank: int = 0,
              biases: bool, ids: torch.Tensor | None = None) -> Cost:
     """`ids`: the routing (default: the reference builder's, as `routing` draws it)."""
     start, end = shard_columns(inter, tp_size, tp_rank)
     per = end - start
-    w2_blocks = per // 32
     ids = routing(m, hidden, experts, top_k) if ids is None else ids
     counts = torch.bincount(ids.reshape(-1).long(), minlength=experts)
     used = int((counts > 0).sum())
-    w13 = 2 * per * (hidden // 2 + hidden // 32) + (2 * per * 2 if biases else 0)
-    w2 = hidden * (per // 2 + w2_blocks) + (hidden * 2 if biases and tp_rank == 0 else 0)
+    w13, w2 = expert_bytes(hidden, per, biases=biases, tp_rank=tp_rank)
     min_bytes = m * hidden * 2 * 2 + m * top_k * 8 + used * (w13 + w2)
     tiles = int(((counts + 15) // 16).sum())
     min_mfma = tiles * (2 * per // 16 * -(-hidden // 128) + hidden // 16 * -(-per // 128))

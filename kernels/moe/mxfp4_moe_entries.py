@@ -46,8 +46,8 @@ def _prepared(package: str, inputs: dict, prepare):
 
 
 def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: int, activation: str,
-          tp_size: int = 1, small_m_waves: int = 0, prefill_from: int = 0, kernel=mxfp4_moe, route=None,
-          routed_prefill_from: int | None = None):
+          tp_size: int = 1, small_m_waves: int = 0, prefill_from: int = 0, prefill128_from: int = 0,
+          kernel=mxfp4_moe, route=None, routed_prefill_from: int | None = None):
     """The entry of the package `package` (its `__name__`): `intermediate` is the model's (unsharded) size,
     `tp_size` the ranks it is cut over (vLLM's cut, prepare.py), `small_m_waves` > 0 adds a small-M variant
     (mxfp4_moe.build). `kernel`: the pipeline's device code (the family's mxfp4_moe, or a shape's own copy).
@@ -64,7 +64,8 @@ def build(package: str, *, hidden: int, intermediate: int, experts: int, top_k: 
     ip = prepare.padded_intermediate(intermediate, tp_size)
     # variants, variant_for, max_tokens, launch_args, weight_shapes, weight_dtypes, emulator_workgroups
     pipeline = kernel.build(hidden, ip, experts, top_k, activation, f"moe_{shape_token}",
-                            small_m_waves=small_m_waves, prefill_from=prefill_from)
+                            small_m_waves=small_m_waves, prefill_from=prefill_from,
+                            prefill128_from=prefill128_from)
     prepare_weights = partial(prepare.prepare_weights, activation=activation, hidden=hidden,
                               intermediate=intermediate, experts=experts, tp_size=tp_size)
     variants = dict(pipeline.variants)

@@ -10,7 +10,7 @@ top-4, the gpt-oss activation (interleaved gate/up, clamp, biases). Design: kern
 Variants: "moe.full" (gate-up already launches 92 workgroups of 3 waves per tile, 368 at M = 1, so no small-M
 variant) and "moe.prefill" from PREFILL_FROM tokens (super-tiles of 64 rows, weights staged through LDS, the
 same per-row K grouping: mxfp4_moe/prefill.py; the threshold is where the cost model projects it faster,
-README).
+README), and "moe.prefill128" from PREFILL128_FROM (super-tiles of 128 rows).
 
 routed(x, router_weight, router_bias, w13, ..., shard) -> bf16 [M, 2880]: the same from the hidden states and
 the router's weight bf16 [128, 2880] and bias bf16 [128]: below ROUTED_PREFILL_FROM tokens 3 launches (the
@@ -23,9 +23,11 @@ from amd_kernels.moe import mxfp4_moe_entries, route
 
 H, I, E, TOP_K, ACTIVATION, TP = 2880, 2880, 128, 4, "gptoss", 1
 PREFILL_FROM = 32
+PREFILL128_FROM = 128  # the tier of 128-row super-tiles (README: where it projects faster)
 ROUTED_PREFILL_FROM = 128  # the routed entry's own threshold (its fused launches below it)
 _built = mxfp4_moe_entries.build(__name__, hidden=H, intermediate=I, experts=E, top_k=TOP_K,
                                  activation=ACTIVATION, tp_size=TP, prefill_from=PREFILL_FROM,
+                                 prefill128_from=PREFILL128_FROM,
                                  routed_prefill_from=ROUTED_PREFILL_FROM,
                                  route=route.variants(H, E, TOP_K)["route.all"])
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here

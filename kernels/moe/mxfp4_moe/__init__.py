@@ -20,10 +20,11 @@ position.
 3. down.py     grid (max_tiles, h/64): one wave x 4 groups of 16 output columns, K = IP, + bias, times the
                pair's routing weight -> y bf16 [M*k, h] at row pair = token*k + slot (one writer per element).
 4. combine.py  grid M: out[m] = sum over j = 0..k-1 of y[m*k + j] in that order (fp32), -> bf16.
-Prefill tier ("moe.prefill", from the package's prefill_from tokens): launches 2 and 3 are prefill.py's
-instead, over super-tiles of up to 4 16-row tiles of one expert (64 rows, one wave each) whose weight rows
-are staged once per workgroup through LDS; a row's K sums are bitwise those of the 16-row tiers (same MFMAs,
-same grouping). Its sort launch also writes the super-tile table (meta); its grid is prefill.max_supers.
+Prefill tiers ("moe.prefill" from the package's prefill_from tokens, "moe.prefill128" from its
+prefill128_from): launches 2 and 3 are prefill.py's instead, over super-tiles of up to 4 (8) 16-row tiles of
+one expert (64 (128) rows, one wave each) whose weight rows are staged once per workgroup through LDS; a
+row's K sums are bitwise those of the 16-row tiers (same MFMAs, same grouping). The tier's sort launch also
+writes its super-tile table (meta); its grid is prefill.max_supers.
 Tiles past the sorted count exit at once (max_tiles is a host bound; the real count is read on device).
 No atomics anywhere (LDS counters are updated by one lane per expert per chunk, in program order).
 M is at most `max_tokens` (the entry refuses more): every buffer then ends below the masked-store offset
@@ -54,26 +55,32 @@ from amd_kernels.moe.mxfp4_moe.geometry import ROWS, Geometry, max_tiles
 
 
 def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name: str, small_m_waves: int = 0,
-          prefill_from: int = 0):
+          prefill_from: int = 0, prefill128_from: int = 0):
     """The pipeline for one shape. small_m_waves > 0 adds a variant for small token counts whose gate-up
     splits K over up to that many waves per workgroup. prefill_from > 0: the token count from which the
-    entry picks the prefill tier (per shape, where the cost model projects it faster); 0: the tier is built
-    and warmed up but never picked (callers may still launch it by key)."""
-    if not isinstance(prefill_from, int) or prefill_from < 0:
-        raise ValueError(f"prefill_from: a token count >= 0 (0: never), got {prefill_from!r}")
+    entry picks the prefill tier of 64-row super-tiles, prefill128_from > 0 the one of 128-row super-tiles (per
+    shape, where the cost model projects them faster); 0: the tier is built and warmed up but never picked
+    (callers may still launch it by key)."""
+    for arg, v in (("prefill_from", prefill_from), ("prefill128_from", prefill128_from)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{arg}: a token count >= 0 (0: never), got {v!r}")
     geo = Geometry.of(hidden, ip, experts, top_k, activation, name, small_m_waves)
     k_quant_sort = quant_sort.make(geo)
-    k_quant_sort_prefill = quant_sort.make(geo, prefill.SUB)  # also writes the super-tile table
     gate_ups = {False: gate_up.make(geo, 4, f"{name}_gate_up")}
     if small_m_waves:
         gate_ups[True] = gate_up.make(geo, small_m_waves, f"{name}_gate_up_small_m")
     k_stage2, k_combine = down.make(geo), combine.make(geo)
-    gate_ups["prefill"] = prefill.make_gate_up(geo, f"{name}_gate_up_prefill")
-    k_down_prefill = prefill.make_down(geo)
+    # The prefill tiers (prefill.py), by key: their sort (which also writes the super-tile table), gate-up
+    # (in gate_ups) and down
+    tier_waves = {"prefill": 4, "prefill128": 8}
+    sorts, downs = {}, {}
+    for tier, waves in tier_waves.items():
+        sorts[tier] = quant_sort.make(geo, waves)
+        gate_ups[tier], downs[tier] = prefill.make_gate_up(geo, waves), prefill.make_down(geo, waves)
 
     def launch_all(small_m, x, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
                    xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream):
-        (k_quant_sort_prefill if small_m == "prefill" else k_quant_sort)(
+        sorts.get(small_m, k_quant_sort)(
             x, xq, xs, topk_ids, sorted_pairs, tile_expert, meta, m).launch(
             grid=(m + 1, 1, 1), block=(64, 1, 1), stream=stream)
         launch_stages(small_m, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
@@ -84,12 +91,12 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         """Launches 2-4 (gate-up, down, combine) after a sort; also the routed entry's prefill tier (fused.py)."""
         s1, waves = gate_ups[small_m]
         s1(xq, xs, sorted_pairs, tile_expert, meta, w13, w13_scale, w13_bias, shard, inter_q, inter_s, m).launch(
-            grid=(tiles, geo.nb1 // (prefill.gu_blocks(geo) if small_m == "prefill" else 1), 1),
+            grid=(tiles, geo.nb1 // (prefill.gu_blocks(geo) if small_m in downs else 1), 1),
             block=(waves * 64, 1, 1), stream=stream)
-        if small_m == "prefill":
-            k_down_prefill(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard,
+        if small_m in downs:
+            downs[small_m](inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard,
                            topk_weights, y, m).launch(grid=(tiles, geo.nb2 // prefill.down_blocks(geo), 1),
-                                                      block=(prefill.SUB * 64, 1, 1), stream=stream)
+                                                      block=(waves * 64, 1, 1), stream=stream)
         else:
             k_stage2(inter_q, inter_s, sorted_pairs, tile_expert, meta, w2, w2_scale, w2_bias, shard, topk_weights,
                      y, m).launch(grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
@@ -106,14 +113,17 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
                        xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, tiles, stream)
         return moe
 
-    launchers = {"moe.full": make_launcher(False), "moe.prefill": make_launcher("prefill")}
+    launchers = {"moe.full": make_launcher(False), **{f"moe.{t}": make_launcher(t) for t in tier_waves}}
     if small_m_waves:
         launchers["moe.small_m"] = make_launcher(True)
 
     def variant_for(m: int, from_tokens: int | None = None) -> str:
-        """The prefill tier from `from_tokens` tokens (default prefill_from; 0: never); below, the many-wave
-        gate-up while the plain one would launch fewer than 256 workgroups."""
+        """The 128-row prefill tier from prefill128_from tokens, the 64-row one from `from_tokens` tokens
+        (default prefill_from; 0: never); below, the many-wave gate-up while the plain one would launch fewer
+        than 256 workgroups."""
         start = prefill_from if from_tokens is None else from_tokens
+        if prefill128_from and m >= prefill128_from:
+            return "moe.prefill128"
         if start and m >= start:
             return "moe.prefill"
         return "moe.small_m" if small_m_waves and max_tiles(m * top_k, experts) * geo.nb1 < 256 else "moe.full"
@@ -122,13 +132,13 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         pairs = m * top_k
         tiles = max(1, max_tiles(pairs, experts))
         rows = tiles * ROWS
-        supers = max(1, prefill.max_supers(pairs, experts))
+        supers = {t: max(1, prefill.max_supers(pairs, experts, w)) for t, w in tier_waves.items()}
         u8 = dict(dtype=torch.uint8, device=device)
         i32 = dict(dtype=torch.int32, device=device)
         return dict(xq=torch.empty(m, geo.hp, **u8), xs=torch.empty(m, geo.kg1 * 16, **u8),
                     sorted_pairs=torch.empty(rows, **i32), tile_expert=torch.empty(tiles, **i32),
                     # meta: [0] the tile count; [1] and [4:] the prefill tier's super-tiles (prefill.py)
-                    meta=torch.zeros(4 + supers, **i32), inter_q=torch.empty(rows, ip, **u8),
+                    meta=torch.zeros(4 + max(supers.values()), **i32), inter_q=torch.empty(rows, ip, **u8),
                     inter_s=torch.empty(rows, geo.kg2 * 16, **u8),
                     y=torch.empty(max(pairs, 1), hidden, dtype=torch.bfloat16, device=device)), tiles, supers
 
@@ -143,7 +153,7 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
         ws, tiles, supers = workspace(m, device)
         return (x, topk_weights, topk_ids, w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"],
                 w["w2_bias"], w["shard"], ws["xq"], ws["xs"], ws["sorted_pairs"], ws["tile_expert"], ws["meta"],
-                ws["inter_q"], ws["inter_s"], ws["y"], out, m, supers if key == "moe.prefill" else tiles)
+                ws["inter_q"], ws["inter_s"], ws["y"], out, m, supers.get(key.split(".")[1], tiles))
 
     def example_args_of(key):
         def example_args(m: int = 1):
@@ -159,7 +169,8 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     # routed entry runs the router's own launch, then the MoE's.
     fused_variants, fused_launch_args = {}, None
     if route_quant_sort.routable(geo):
-        fused_variants, fused_launch_args = fused.make(geo, gate_ups, workspace, weight_shapes, launch_stages)
+        fused_variants, fused_launch_args = fused.make(geo, tier_waves, gate_ups, workspace, weight_shapes,
+                                                         launch_stages)
 
     return SimpleNamespace(variants={k: (v, example_args_of(k)) for k, v in launchers.items()},
                            fused_variants=fused_variants, fused_launch_args=fused_launch_args,

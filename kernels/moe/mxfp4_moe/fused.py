@@ -19,15 +19,15 @@ import flydsl.expr as fx
 import torch
 
 from amd_kernels.moe import prepare
-from amd_kernels.moe.mxfp4_moe import down, prefill, route_quant_sort
+from amd_kernels.moe.mxfp4_moe import down, route_quant_sort
 
 
-def make(geo, gate_ups, workspace, weight_shapes, launch_stages):
-    """{key: (launcher, example_args)} for "fused.full", "fused.prefill" (and "fused.small_m" when gate_ups
-    has it), and their launch_args(key, x, router_weight, router_bias, w, out, device). launch_stages: the
-    pipeline's launches after its sort (gate-up, down, combine) of a tier."""
+def make(geo, tiers, gate_ups, workspace, weight_shapes, launch_stages):
+    """{key: (launcher, example_args)} for "fused.full", "fused.<tier>" for each prefill tier of `tiers`
+    ({tier: waves}) (and "fused.small_m" when gate_ups has it), and their launch_args(key, x, router_weight,
+    router_bias, w, out, device). launch_stages: the pipeline's launches after its sort (gate-up, down,
+    combine) of a tier."""
     k_route_quant_sort = route_quant_sort.make(geo)
-    k_route_quant_sort_prefill = route_quant_sort.make(geo, prefill.SUB)
     k_down_combine = down.make(geo, combine=True)
 
     def make_launcher(small_m):
@@ -51,33 +51,40 @@ def make(geo, gate_ups, workspace, weight_shapes, launch_stages):
                 grid=(tiles, geo.nb2, 1), block=(64, 1, 1), stream=stream)
         return moe_fused
 
-    @flyc.jit
-    def moe_fused_prefill(x: fx.Tensor, router_weight: fx.Tensor, router_bias: fx.Tensor, w13: fx.Tensor,
-                          w13_scale: fx.Tensor, w13_bias: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor,
-                          w2_bias: fx.Tensor, shard: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor,
-                          keys: fx.Tensor, route_tickets: fx.Tensor, xq: fx.Tensor, xs: fx.Tensor,
-                          sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor, inter_q: fx.Tensor,
-                          inter_s: fx.Tensor, y: fx.Tensor, out: fx.Tensor, m: fx.Int32, supers: fx.Int32,
-                          stream: fx.Stream = fx.Stream(None)):
-        k_route_quant_sort_prefill(x, router_weight, router_bias, topk_weights, topk_ids, keys, route_tickets, xq,
-                                   xs, sorted_pairs, tile_expert, meta, m).launch(
-            grid=(route_quant_sort.router_workgroups(m, geo.experts) + m, 1, 1), block=(64, 1, 1), stream=stream)
-        launch_stages("prefill", topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
-                      xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, supers, stream)
+    def make_prefill_launcher(tier):
+        k_route_quant_sort_prefill = route_quant_sort.make(geo, tiers[tier])
 
-    launchers = {"fused.full": make_launcher(False), "fused.prefill": moe_fused_prefill}
+        @flyc.jit
+        def moe_fused_prefill(x: fx.Tensor, router_weight: fx.Tensor, router_bias: fx.Tensor, w13: fx.Tensor,
+                              w13_scale: fx.Tensor, w13_bias: fx.Tensor, w2: fx.Tensor, w2_scale: fx.Tensor,
+                              w2_bias: fx.Tensor, shard: fx.Tensor, topk_weights: fx.Tensor, topk_ids: fx.Tensor,
+                              keys: fx.Tensor, route_tickets: fx.Tensor, xq: fx.Tensor, xs: fx.Tensor,
+                              sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor, inter_q: fx.Tensor,
+                              inter_s: fx.Tensor, y: fx.Tensor, out: fx.Tensor, m: fx.Int32, supers: fx.Int32,
+                              stream: fx.Stream = fx.Stream(None)):
+            k_route_quant_sort_prefill(x, router_weight, router_bias, topk_weights, topk_ids, keys, route_tickets,
+                                       xq, xs, sorted_pairs, tile_expert, meta, m).launch(
+                grid=(route_quant_sort.router_workgroups(m, geo.experts) + m, 1, 1), block=(64, 1, 1),
+                stream=stream)
+            launch_stages(tier, topk_weights, topk_ids, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, shard,
+                          xq, xs, sorted_pairs, tile_expert, meta, inter_q, inter_s, y, out, m, supers, stream)
+        return moe_fused_prefill
+
+    launchers = {"fused.full": make_launcher(False), **{f"fused.{t}": make_prefill_launcher(t) for t in tiers}}
     if True in gate_ups:
         launchers["fused.small_m"] = make_launcher(True)
 
     def launch_args(key, x, router_weight, router_bias, w, out, device="cpu"):
         m = x.shape[0]
-        ws, tiles, supers = workspace(m, device)
+        ws, tiles, supers_of = workspace(m, device)
         route_tiles = -(-m // route_quant_sort.TILE_M)
         routing = dict(dtype=torch.float32, device=device), dict(dtype=torch.int32, device=device)
         route_io = (torch.empty((m, geo.top_k), **routing[0]), torch.empty((m, geo.top_k), **routing[1]),
                     torch.empty(route_tiles * route_quant_sort.TILE_M * geo.experts, **routing[1]))
         weights = (w["w13"], w["w13_scale"], w["w13_bias"], w["w2"], w["w2_scale"], w["w2_bias"], w["shard"])
-        if key == "fused.prefill":
+        tier = key.split(".")[1]
+        if tier in tiers:
+            supers = supers_of[tier]
             # meta with the super-tile table and the router's tickets: one memset
             zeroed = torch.zeros(4 + supers + route_tiles + 1, dtype=torch.int32, device=device)
             return (x, router_weight, router_bias, *weights, *route_io, zeroed[4 + supers:], ws["xq"], ws["xs"],

@@ -8,6 +8,16 @@ ROWS = 16  # sorted rows per tile
 MASKED_STORE_OFFSET = 0x7FFFFFF0  # common.buffer.never_in_range(): every buffer must end below it
 
 
+def super_pack(waves: int) -> int:
+    """A prefill tier's super-tile table entry is first tile * super_pack(waves) + tiles (1 .. waves tiles)."""
+    return 1 << waves.bit_length()
+
+
+def prefill_suffix(waves: int) -> str:
+    """Kernel name suffix of a prefill tier's launches (the 64-row tier's names predate the 128-row one's)."""
+    return "_prefill" if waves == 4 else f"_prefill{waves * ROWS}"
+
+
 def round_up(x, m):
     return -(-x // m) * m
 

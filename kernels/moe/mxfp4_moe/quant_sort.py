@@ -17,7 +17,7 @@ from flydsl.expr import range_constexpr
 
 from amd_kernels.common import bf16, buffer, mxfp8, wave
 from amd_kernels.moe.mxfp4_moe.common import ballot, dword, mbcnt, popc64, scale_pos, wave_inclusive_scan
-from amd_kernels.moe.mxfp4_moe.geometry import ROWS
+from amd_kernels.moe.mxfp4_moe.geometry import ROWS, prefill_suffix, super_pack
 
 
 def sort_lds(geo):
@@ -36,7 +36,8 @@ def make(geo, supers: int = 0):
     """grid M + 1. supers > 0 (the prefill tier's sort, prefill.py): also the super-tile table in meta."""
     SortLds = sort_lds(geo)
 
-    @flyc.kernel(name=f"{geo.name}_quant_sort" + ("_prefill" if supers else ""), known_block_size=[64, 1, 1])
+    @flyc.kernel(name=f"{geo.name}_quant_sort" + (prefill_suffix(supers) if supers else ""),
+                 known_block_size=[64, 1, 1])
     def k_quant_sort(x: fx.Tensor, xq: fx.Tensor, xs: fx.Tensor, ids: fx.Tensor, sorted_pairs: fx.Tensor,
                      tile_expert: fx.Tensor, meta: fx.Tensor, m: fx.Int32):
         lds = fx.SharedAllocator().allocate(SortLds).peek()
@@ -119,7 +120,8 @@ def sort(geo, lane, lds, ids, sorted_pairs, tile_expert, meta, m, supers: int = 
         buffer.store(2 * lane + 1, te_rsrc, (start1 // ROWS + i) * 4)
     if supers:
         # The prefill tier's super-tiles (up to `supers` consecutive tiles of one expert, experts in
-        # order): meta[1] = their count, meta[4 + s] = first tile * 8 + tiles of super-tile s.
+        # order): meta[1] = their count, meta[4 + s] = first tile * pack + tiles of super-tile s.
+        pack = super_pack(supers)
         n0, n1 = pad0 // ROWS, pad1 // ROWS
         u0, u1 = (n0 + (supers - 1)) // supers, (n1 + (supers - 1)) // supers
         s_incl = wave_inclusive_scan(u0 + u1)
@@ -129,10 +131,10 @@ def sort(geo, lane, lds, ids, sorted_pairs, tile_expert, meta, m, supers: int = 
         if lane == 0:
             buffer.store(wave.readlane(s_incl, 63), sup_rsrc, fx.Int32(4))
         for i in range(u0):
-            buffer.store((start0 // ROWS + i * supers) * 8 + fx.min(n0 - i * supers, fx.Int32(supers)),
+            buffer.store((start0 // ROWS + i * supers) * pack + fx.min(n0 - i * supers, fx.Int32(supers)),
                          sup_rsrc, (s0 + i + 4) * 4)
         for i in range(u1):
-            buffer.store((start1 // ROWS + i * supers) * 8 + fx.min(n1 - i * supers, fx.Int32(supers)),
+            buffer.store((start1 // ROWS + i * supers) * pack + fx.min(n1 - i * supers, fx.Int32(supers)),
                          sup_rsrc, (s0 + u0 + i + 4) * 4)
     for i in range(c0, pad0):
         buffer.store(fx.Int32(-1), sp_rsrc, (start0 + i) * 4)

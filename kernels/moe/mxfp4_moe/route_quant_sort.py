@@ -34,6 +34,7 @@ from amd_kernels.common import buffer, mfma, wave
 from amd_kernels.moe import route
 from amd_kernels.moe.mxfp4_moe import quant_sort
 from amd_kernels.moe.mxfp4_moe.common import dword
+from amd_kernels.moe.mxfp4_moe.geometry import prefill_suffix
 
 TILE_M = route.TILE_M  # token rows per router tile
 EBLK = 16  # experts per router workgroup: one 16x16 MFMA tile
@@ -75,7 +76,8 @@ def make(geo, supers: int = 0):
     per_lane = experts // 16  # keys per lane in the top-k phase (one token per 16-lane row)
     SortLds = quant_sort.sort_lds(geo)
 
-    @flyc.kernel(name=f"{geo.name}_route_quant_sort" + ("_prefill" if supers else ""), known_block_size=[64, 1, 1])
+    @flyc.kernel(name=f"{geo.name}_route_quant_sort" + (prefill_suffix(supers) if supers else ""),
+                 known_block_size=[64, 1, 1])
     def k_route_quant_sort(x: fx.Tensor, w: fx.Tensor, b: fx.Tensor, topk_weights: fx.Tensor,
                            topk_ids: fx.Tensor, keys: fx.Tensor, tickets: fx.Tensor, xq: fx.Tensor,
                            xs: fx.Tensor, sorted_pairs: fx.Tensor, tile_expert: fx.Tensor, meta: fx.Tensor,

@@ -3,16 +3,17 @@ sampled token rows need. Host-only; the emulator calls it, the kernels never do.
 
 import torch
 
-from amd_kernels.moe.mxfp4_moe.geometry import ROWS
+from amd_kernels.moe.mxfp4_moe import prefill
+from amd_kernels.moe.mxfp4_moe.geometry import ROWS, prefill_suffix, super_pack
 
 
 def make(geo):
     name, top_k = geo.name, geo.top_k
     # Tensor positions of (sorted_pairs, meta) among each tile launch's arguments.
+    # The prefill tiers' tile launches: workgroup x runs super-tile x, of up to `waves` tiles.
+    super_launches = {f"{name}_{stage}{prefill_suffix(w)}": w for w in prefill.WAVES for stage in ("gate_up", "down")}
     tile_launches = {f"{name}_gate_up": (2, 4), f"{name}_gate_up_small_m": (2, 4), f"{name}_down": (2, 4),
-                     f"{name}_down_combine": (2, 4), f"{name}_gate_up_prefill": (2, 4),
-                     f"{name}_down_prefill": (2, 4)}
-    super_launches = {f"{name}_gate_up_prefill", f"{name}_down_prefill"}  # workgroup x: super-tile x
+                     f"{name}_down_combine": (2, 4), **{k: (2, 4) for k in super_launches}}
 
     def emulator_workgroups(tokens, kernel, grid, pointers, read):
         """The workgroups `tokens`' output rows need (None: all of them). quant and sort (and the routed entry's
@@ -34,7 +35,8 @@ def make(geo):
         if kernel in super_launches:  # the super-tile holding the tile (the table in meta, prefill.super_tile)
             n_sup = min(int.from_bytes(read(mt + 4, 4), "little"), grid[0])
             table = torch.frombuffer(bytearray(read(mt + 16, n_sup * 4)), dtype=torch.int32).tolist()
-            of = {packed // 8 + i: s for s, packed in enumerate(table) for i in range(packed % 8)}
+            pack = super_pack(super_launches[kernel])
+            of = {packed // pack + i: s for s, packed in enumerate(table) for i in range(packed % pack)}
             tiles = [of[t] for t in tiles]
         return {(t, y, z) for t in tiles for y in range(grid[1]) for z in range(grid[2])}
 
