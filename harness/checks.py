@@ -484,8 +484,9 @@ INVARIANCE_COUNTS = (1, 2, 3, 5, 6, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65, 72, 
                      1024, 2048, 8192)
 # "tokens" packages (the MoE: seconds per emulated call) take the counts around their tier edges, small_m |
 # full (2|3 at h6144, 5|6 at TP8), the moe entry's full | prefill (31|32 at TP1 and TP8, 127|128 at h6144)
-# and the routed entry's (127|128 at TP1, 511|512 at TP8), both entries' prefill | prefill128 (127|128 at TP1,
-# 2047|2048 at h6144, 4095|4096 at TP8), and a few beyond; on the emulator each package's
+# and the routed entry's full | first prefill tier (127|128 at TP1, where it is prefill128; 511|512 at TP8;
+# h6144 has no routed entry), both entries' prefill | prefill128 (127|128 at TP1 (the moe entry's), 2047|2048
+# at h6144, 4095|4096 at TP8), and a few beyond; on the emulator each package's
 # kernel.toml narrows them to its own edges (CI time). harness/test_moe_contract.py checks that the counts
 # straddle every edge.
 INVARIANCE_TOKENS_COUNTS = (1, 2, 3, 5, 6, 17, 31, 32, 64, 127, 128, 256, 511, 512, 2047, 2048, 4095, 4096)

@@ -60,7 +60,9 @@ def build(hidden: int, ip: int, experts: int, top_k: int, activation: str, name:
     splits K over up to that many waves per workgroup. prefill_from > 0: the token count from which the
     entry picks the prefill tier of 64-row super-tiles, prefill128_from > 0 the one of 128-row super-tiles (per
     shape, where the cost model projects them faster); 0: the tier is built and warmed up but never picked
-    (callers may still launch it by key)."""
+    (callers may still launch it by key). variant_for checks prefill128_from first, so it also overrides a
+    caller's lower threshold (the routed entry's): from prefill128_from tokens both entries take the 128-row
+    tier."""
     for arg, v in (("prefill_from", prefill_from), ("prefill128_from", prefill128_from)):
         if not isinstance(v, int) or v < 0:
             raise ValueError(f"{arg}: a token count >= 0 (0: never), got {v!r}")

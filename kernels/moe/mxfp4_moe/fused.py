@@ -10,9 +10,10 @@ Tickets decide who does the work, never its order. They are int32, zeroed in one
 meta: meta [4], down's [M, h/64, 4] (token, down column block, 16-column quarter), the router's
 [ceil(M/16) + 1] (one per token tile, then the tiles' own).
 
-"fused.prefill" (the routed entry from its prefill threshold): four launches, route_quant_sort.py's prefill
-copy (the sort also writes the super-tile table) and then the MoE prefill tier's gate-up, down and combine
-(the pipeline's launch_stages) instead of the router's own launch and the tier's five: the same bits."""
+"fused.prefill" and "fused.prefill128" (the routed entry from its prefill threshold, and from the 128-row
+tier's): four launches, route_quant_sort.py's copy for that tier (the sort also writes its super-tile table)
+and then the MoE prefill tier's gate-up, down and combine (the pipeline's launch_stages) instead of the
+router's own launch and the tier's five: the same bits."""
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx

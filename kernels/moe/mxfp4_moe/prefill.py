@@ -12,8 +12,9 @@ tiles), so each weight byte is loaded once per super-tile instead of once per 16
 Per 128-K step the workgroup stages the weight rows of its column block (NG groups of 16 rows, 1 KiB each)
 and, every 4 K-steps, their scale dwords into LDS: wave w loads groups w, w + waves, ... (same offsets and
 the same out-of-range masks as the 16-row tiers), one barrier, every active wave reads them back and runs
-its MFMAs; a barrier at the top of the next stage keeps the single buffer until every wave has read it. The
-128-row tier's down stages two K-steps per barrier (down_steps).
+its MFMAs. Two LDS buffers alternate (_bufs), so the one barrier after a stage's stores also tells that
+every wave has read the buffer those stores overwrite. The 128-row tier's down stages two K-steps per
+barrier, and its gate-up too where registers allow (down_steps, gate_up_steps).
 
 Batch invariance: a row's MFMAs are exactly those of the 16-row tiers (same 16x16x128 form, same A and B
 values, same scale bytes and op_sel, same K-step order inside a chain) and the partial sums are added in the
@@ -74,7 +75,7 @@ def down_blocks(geo) -> int:
 
 def max_supers(pairs: int, experts: int, waves: int) -> int:
     """Upper bound of the super-tiles for `pairs` pairs: expert e has ceil(n_e / (16 waves)) of them, at most
-    n_e // 64 + 1 when n_e > 0. The grid of the tier's tile launches (only they can have work)."""
+    n_e // (16 waves) + 1 when n_e > 0. The grid of the tier's tile launches (only they can have work)."""
     return pairs // (ROWS * waves) + min(experts, pairs)
 
 
@@ -261,16 +262,16 @@ def _gate_up_body(geo, v, compute: bool):
             sa = fx.Int32(_load(T.i32, v.as_rsrc, v.as_row, j * 16)) if compute else None
             sbs_in = [fx.Int32(_load(T.i32, v.bs_rsrc, o, j * 256)) for o in v.s_base]
             for b0 in range_constexpr(0, 4, v.steps):
-                staged, steps = [], []
+                staged, stage_mfmas = [], []
                 for b in range_constexpr(b0, b0 + v.steps):
                     ks = c * geo.chunk + s4 * 4 + b
                     b_in, a = _gate_up_loads(geo, ks, v.q, v.b_rsrc, v.a_rsrc, v.a_row, v.b_base, compute)
                     at = _bufs(b_dw, s_dw, ks, v.steps)
                     staged.append((at, b_in, sbs_in if b == 0 else None))
-                    steps.append((b, ks, at, a))
+                    stage_mfmas.append((b, ks, at, a))
                 _stage_steps(v.ops, staged, v.wv, v.lane, v.waves)
                 if compute:
-                    for b, ks, at, a in steps:
+                    for b, ks, at, a in stage_mfmas:
                         chain = _mfmas(v.ops, at, chain, a, sa, b, b, v.lane, ks >= ks1)
         if compute:
             grp, tot = _fold(geo.group, c, chain, grp, tot)
@@ -342,7 +343,7 @@ def _down_body(geo, v, compute: bool):
         sbs_in = [fx.Int32(_load(T.i32, v.bs_rsrc, o, j * 256)) for o in v.s_base]
         n = min(4, ks2 - 4 * j)
         for b0 in range_constexpr(0, n, v.steps):
-            staged, steps = [], []
+            staged, stage_mfmas = [], []
             for b in range_constexpr(b0, min(b0 + v.steps, n)):
                 ks = 4 * j + b
                 k0 = ks * KSTEP + v.q * 32  # a padded K-block (a rank's dead columns) is zero: not loaded
@@ -351,10 +352,10 @@ def _down_body(geo, v, compute: bool):
                         for o in v.b_base]
                 at = _bufs(b_dw, s_dw, ks, v.steps)
                 staged.append((at, b_in, sbs_in if b == 0 else None))
-                steps.append((b, ks, at))
+                stage_mfmas.append((b, ks, at))
             _stage_steps(v.ops, staged, v.wv, v.lane, v.waves)
             if compute:
-                for b, ks, at in steps:
+                for b, ks, at in stage_mfmas:
                     a = fx.Vector(_load(T.i32x4, v.a_rsrc, v.a_row, ks * KSTEP)).shuffle(
                         fx.Vector(_load(T.i32x4, v.a_rsrc, v.a_row, ks * KSTEP + 64)), list(range(8)))
                     accs = _mfmas(v.ops, at, accs, a, sa, b, ks % 4, v.lane, False)
