@@ -37,11 +37,18 @@ class _Intervals:
         nb = np.repeat(np.array([p[1] for p in self._pending], np.int64), [len(p[0]) for p in self._pending])
         shift = self._shift
         self._pending, self._n = [], 0
+        s, e = a >> shift, ((a + nb - 1) >> shift) + 1
+        # Recorded intervals that each start where the one recorded before ends (a wave's contiguous lanes)
+        # are one interval, their union: fewer to sort, the same union.
+        if len(s) > 1:
+            cont = s[1:] == e[:-1]
+            if cont.any():
+                s, e = s[np.concatenate([[True], ~cont])], e[np.concatenate([~cont, [True]])]
         # The union from the starts and the ends each sorted on its own (two plain sorts, no argsort): with
         # both sorted, the first i+1 intervals by start all end by the (i+1)-th smallest end, so a merged
         # interval closes there exactly when the next start lies beyond it (touching intervals join).
-        s = np.concatenate([self._merged[:, 0], a >> shift])
-        e = np.concatenate([self._merged[:, 1], ((a + nb - 1) >> shift) + 1])
+        s = np.concatenate([self._merged[:, 0], s])
+        e = np.concatenate([self._merged[:, 1], e])
         if not len(s):
             return
         s.sort()

@@ -150,18 +150,31 @@ def test_lds_access_rows_is_lds_access_per_row(seed):
             (each.lds_read_bytes, each.lds_write_bytes, each.lds_bank_conflicts)
 
 
-@pytest.mark.parametrize("compact_at,span,align", [(C._COMPACT_AT, 1 << 14, 1), (40, 1 << 14, 1), (40, 1 << 18, 4)])
-def test_intervals_batched_merge_is_the_union(compact_at, span, align, monkeypatch):
+@pytest.mark.parametrize("compact_at,span,align,runs", [(C._COMPACT_AT, 1 << 14, 1, False), (40, 1 << 14, 1, False),
+                                                         (40, 1 << 18, 4, False), (C._COMPACT_AT, 1 << 18, 1, True),
+                                                         (40, 1 << 18, 4, True)])
+def test_intervals_batched_merge_is_the_union(compact_at, span, align, runs, monkeypatch):
     """Dense random accesses, and sparse dword-aligned ones (touching intervals that must join, gaps),
-    merged in batches (40: a merge every access or two): the union, as a byte map gives it."""
+    merged in batches (40: a merge every access or two): the union, as a byte map gives it. runs: accesses
+    of contiguous lanes now and then, ascending or descending, some starting where the last one ended (the
+    merge first joins intervals recorded back to back)."""
     monkeypatch.setattr(C, "_COMPACT_AT", compact_at)
     rng = np.random.default_rng(7)
     iv = C._Intervals()
     d = C._DistinctDwords()
     covered = np.zeros(span, bool)
+    end = 0
     for _ in range(3000):
         nbytes = int(rng.choice([1, 2, 4, 8, 16]))
         a = rng.integers(0, span - 16, int(rng.integers(1, 65))) // align * align
+        if runs and rng.random() < 0.5:
+            n = int(rng.integers(1, 65))
+            start = end if end + n * nbytes < span and rng.random() < 0.5 else int(rng.integers(0, span - n * nbytes))
+            start = start // align * align
+            a = start + nbytes * np.arange(n)
+            end = int(a[-1]) + nbytes
+            if rng.random() < 0.2:
+                a = a[::-1]
         iv.add(a.astype(np.uint64), nbytes)
         d.add(a, nbytes)
         for x in a:
