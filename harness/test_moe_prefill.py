@@ -1,9 +1,9 @@
 """The MoE prefill tiers (kernels/moe/mxfp4_moe/prefill.py) on a small shape built for them: each tier's output
 must be bitwise the 16-row tier's on the same inputs. The routing puts three quarters of the tokens' first
 slot on expert 0 (with its random picks in the other rows, more than one full super-tile and a partial one in
-either tier: the test counts them from the ids), the rest spread, one id out of range (dropped); the gate-up K has a tail (hidden 2880
-in 23 K-steps), the intermediate has dead columns (a TP rank's padding), and the K grouping is the TP8
-package's, one group, or h6144's (fixture `pipeline`). The regime shapes' edges are checked by
+either tier: the test counts them from the ids), the rest spread, one id out of range (dropped); the gate-up
+K has a tail (hidden 2880 in 23 K-steps), the intermediate has dead columns (a TP rank's padding), and the K
+grouping is the TP8 package's, one group, or h6144's (fixture `pipeline`). The regime shapes' edges are checked by
 test_batch_invariance."""
 
 from __future__ import annotations
