@@ -23,10 +23,7 @@ from . import sanitizer as san_mod
 # Waves of a workgroup run in lockstep (lockstep.py) unless AMD_KERNELS_EMULATOR_LOCKSTEP=0 or the launch
 # option lockstep=False: the per-wave loops below are the reference the lockstep path is tested against.
 LOCKSTEP = os.environ.get("AMD_KERNELS_EMULATOR_LOCKSTEP", "1") != "0"
-# Waves per lockstep batch (whole workgroups, consecutive in the launch order). More waves make larger groups at
-# one PC (fewer, bigger numpy calls): 256 against 64 ran bench_moe 15-20 % and bench_sanitizer 10-15 % faster;
-# 1024 was slower than 64 (the batch's register file, 520 x 64 dwords a wave, outgrows the caches).
-LOCKSTEP_WAVES = 256
+LOCKSTEP_WAVES = 64     # waves per lockstep batch: whole workgroups, consecutive in the launch order
 
 YIELD = -1000       # run_wave_sanitized: the wave's slice of the interleaving ran out
 
