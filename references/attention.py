@@ -437,20 +437,26 @@ def _paged_attention(q, key_cache, value_cache, cu_seqlens_q, seq_lens, block_ta
             v = v_all[:, h].to(torch.float64) * vs
             for c0 in range(0, ql, _QUERY_CHUNK):
                 c1 = min(ql, c0 + _QUERY_CHUNK)
-                qpos = torch.arange(L - ql + c0, L - ql + c1)
-                keep = kpos[None, :] <= qpos[:, None]
+                p0, p1 = L - ql + c0, L - ql + c1  # the chunk's query positions [p0, p1)
+                # only keys in [lo, p1) can count for this chunk (causal; the window from its first row)
+                lo = max(first, p0 - sliding_window + 1) if sliding_window else first
+                kc, vc = k[lo - first:p1 - first], v[lo - first:p1 - first]
+                qpos = torch.arange(p0, p1)
+                kp = kpos[lo - first:p1 - first]
+                keep = kp[None, :] <= qpos[:, None]
                 if sliding_window:
-                    keep &= (qpos[:, None] - kpos[None, :]) < sliding_window
+                    keep &= (qpos[:, None] - kp[None, :]) < sliding_window
                 qq = q[q0 + c0:q0 + c1, h * G:(h + 1) * G].to(torch.float64).transpose(0, 1)  # [G, rows, D]
-                s = (qq.reshape(-1, D) @ k.T).view(G, c1 - c0, -1) * SCALE
-                s = s.masked_fill(~keep[None], -math.inf)
+                # in place: the score matrix is the reference's largest temporary (G x 256 x keys fp64)
+                p = (qq.reshape(-1, D) @ kc.T).view(G, c1 - c0, -1).mul_(SCALE)
+                p.masked_fill_(~keep[None], -math.inf)
                 sk = sink[h].view(G, 1, 1)
-                m = torch.maximum(s.amax(dim=-1, keepdim=True), sk)
-                p = torch.exp(s - m)
+                m = torch.maximum(p.amax(dim=-1, keepdim=True), sk)
+                p.sub_(m).exp_()
                 denom = p.sum(dim=-1, keepdim=True) + torch.exp(sk - m)
                 if round_p:
                     p = p.to(torch.bfloat16).to(torch.float64)
-                o = ((p / denom).reshape(G * (c1 - c0), -1) @ v).view(G, c1 - c0, D).transpose(0, 1)
+                o = (p.div_(denom).reshape(G * (c1 - c0), -1) @ vc).view(G, c1 - c0, D).transpose(0, 1)
                 out[q0 + c0:q0 + c1, h * G:(h + 1) * G] = o.to(torch.bfloat16)
     return (out,)
 
