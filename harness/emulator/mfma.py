@@ -463,6 +463,9 @@ class _RecentOperands:
 
 
 _RECENT_A = _RecentOperands()
+# waves per numpy pass in fast_executor's many: a 16x16x128 operand is 16 KiB of float64 per wave, and a few
+# such temporaries per pass fall out of a CPU core's cache past ~8 waves (3-6x slower per wave at 64, measured)
+MANY_WAVES = 8
 
 
 def fast_executor(mnemonic: str, mods: dict):
@@ -518,7 +521,8 @@ def fast_executor(mnemonic: str, mods: dict):
         return D.astype(np.float32).view(np.uint32).reshape(-1).take(d_index)
 
     # The same for several waves at once (lockstep): the element-wise steps over a leading wave axis, the
-    # products one wave at a time (the same 2-D matmul as run, so the same bits).
+    # products one wave at a time (the same 2-D matmul as run, so the same bits), in chunks of MANY_WAVES
+    # waves so each step's float64 temporaries stay in the CPU's cache.
     def many(a, b, c, scale_a=None, scale_b=None):
         """a, b, c: (waves, regs, 64) uint32; scale_a / scale_b: (waves, 64) -> (waves, nc, 64), or None."""
         if a.shape[1] < na or b.shape[1] < nb or _ab_layout is not layout:
@@ -528,22 +532,31 @@ def fast_executor(mnemonic: str, mods: dict):
         xa = np.asarray(scale_a, np.uint32) if scaled else None
         A = _RECENT_A.get(a_key, ra, xa)
         if A is None:
-            A = many_a(ra).reshape(nw, M, K)
-            if scaled:
-                # run's scaled operands for every wave at once: the same exact products (powers of two), each
-                # K-block's scale broadcast over its 32 K values; C-ordered as run's are
-                da = e8m0.take((xa >> sh_a) & 0xFF).reshape(nw, nblk, M).transpose(0, 2, 1)
-                A = (A.reshape(nw, M, nblk, 32) * da[..., None]).reshape(nw, M, K)
+            A = np.empty((nw, M, K))
+            for s in range(0, nw, MANY_WAVES):
+                As = many_a(ra[s: s + MANY_WAVES]).reshape(-1, M, K)
+                if scaled:
+                    # run's scaled operands for every wave at once: the same exact products (powers of two),
+                    # each K-block's scale broadcast over its 32 K values; C-ordered as run's are
+                    da = e8m0.take((xa[s: s + MANY_WAVES] >> sh_a) & 0xFF).reshape(-1, nblk, M).transpose(0, 2, 1)
+                    As = (As.reshape(-1, M, nblk, 32) * da[..., None]).reshape(-1, M, K)
+                A[s: s + MANY_WAVES] = As
             _RECENT_A.put(a_key, ra, xa, A)
-        B = many_b(np.ascontiguousarray(b[:, :nb], np.uint32)).reshape(nw, K, N)
+        rb = np.ascontiguousarray(b[:, :nb], np.uint32)
+        rc = np.ascontiguousarray(c[:, :nc], np.uint32).reshape(nw, -1)
         if scaled:
             db = e8m0.take((np.asarray(scale_b, np.uint32) >> sh_b) & 0xFF).reshape(nw, nblk, 1, N)
-            B = (B.reshape(nw, nblk, 32, N) * db).reshape(nw, K, N)
-        C = np.ascontiguousarray(c[:, :nc], np.uint32).reshape(nw, -1).take(perm_c, axis=1).reshape(nw, M, N)
-        # one 2-D product per wave with run's operand layouts (numpy's stacked matmul calls the same gemm per
-        # slice): the same bits as run (tests/test_mfma.py::test_fast_path_many_is_run_per_wave)
-        P = np.matmul(A, B)
-        D = P + C.view(np.float32).astype(np.float64)
-        return D.astype(np.float32).view(np.uint32).reshape(nw, -1).take(d_index, axis=1)
+        out = np.empty((nw,) + d_index.shape, np.uint32)
+        for s in range(0, nw, MANY_WAVES):
+            e = s + MANY_WAVES
+            B = many_b(rb[s: e]).reshape(-1, K, N)
+            if scaled:
+                B = (B.reshape(-1, nblk, 32, N) * db[s: e]).reshape(-1, K, N)
+            C = rc[s: e].take(perm_c, axis=1).reshape(-1, M, N)
+            # one 2-D product per wave with run's operand layouts (numpy's stacked matmul calls the same gemm
+            # per slice): the same bits as run (tests/test_mfma.py::test_fast_path_many_is_run_per_wave)
+            D = np.matmul(A[s: e], B) + C.view(np.float32).astype(np.float64)
+            out[s: e] = D.astype(np.float32).view(np.uint32).reshape(len(D), -1).take(d_index, axis=1)
+        return out
     run.many = many
     return run
