@@ -464,7 +464,7 @@ class _RecentOperands:
 
 _RECENT_A = _RecentOperands()
 # waves per numpy pass in fast_executor's many: a 16x16x128 operand is 16 KiB of float64 per wave, and a few
-# such temporaries per pass fall out of a CPU core's cache past ~8 waves (3-6x slower per wave at 64, measured)
+# such temporaries per pass fall out of a CPU core's cache past ~8 waves (README.md: Speed)
 MANY_WAVES = 8
 
 
