@@ -463,6 +463,19 @@ class _RecentOperands:
 
 
 _RECENT_A = _RecentOperands()
+_PLANNED_FROM = [None]      # the (_ab_layout, _cd_layout) pair the plan caches were filled from
+
+
+def _plans_for_current_layouts():
+    """The current (_ab_layout, _cd_layout), with the fast path's plan caches (filled from the layouts)
+    cleared if they were filled from another pair: a test that swaps in a wrong layout
+    (test_upstream_evidence) must get plans from it, and the code after it plans from the restored one."""
+    layouts = (_ab_layout, _cd_layout)
+    if _PLANNED_FROM[0] != layouts:
+        for cached in (_gather_plan, _half_plan, _byte_decoder, _cd_gather):
+            cached.cache_clear()
+        _PLANNED_FROM[0] = layouts
+    return layouts
 # waves per numpy pass in fast_executor's many: a 16x16x128 operand is 16 KiB of float64 per wave, and a few
 # such temporaries per pass fall out of a CPU core's cache past ~8 waves (README.md: Speed)
 MANY_WAVES = 8
@@ -481,6 +494,7 @@ def fast_executor(mnemonic: str, mods: dict):
         fa, fb = operand_formats(mnemonic, mods)
     except NotImplementedError:
         return None                                   # execute() raises it when the instruction runs
+    ab_layout, cd_layout = _plans_for_current_layouts()
     pa, pb = _byte_decoder(mnemonic, fa, "a"), _byte_decoder(mnemonic, fb, "b")
     if pa is None or pb is None:
         return None
@@ -499,13 +513,17 @@ def fast_executor(mnemonic: str, mods: dict):
         nblk = 64 // M
         kblk = np.arange(K) // 32
 
-    layout = _ab_layout
-    a_key = (mnemonic, fa, int(sh_a) if scaled else None)  # what decides A's values besides its bytes, scales
+    # what decides A's values besides its bytes and scales (the layout too: _RECENT_A outlives a swapped one)
+    a_key = (mnemonic, fa, int(sh_a) if scaled else None, ab_layout)
+
+    def swapped():
+        # a test has replaced a layout function since the plan was made (test_upstream_evidence swaps in
+        # wrong ones): the caller runs execute(), which reads the current layouts
+        return _ab_layout is not ab_layout or _cd_layout is not cd_layout
 
     def run(a, b, c, scale_a=None, scale_b=None):
-        # None -> the caller runs execute(): operands too short (it raises), or a test has replaced the
-        # layout function since the plan was made (test_upstream_evidence swaps in wrong layouts)
-        if a.shape[0] < na or b.shape[0] < nb or _ab_layout is not layout:
+        # None -> the caller runs execute(): operands too short (it raises), or a layout swapped
+        if a.shape[0] < na or b.shape[0] < nb or swapped():
             return None
         A = dec_a(np.ascontiguousarray(a[:na], np.uint32))
         B = dec_b(np.ascontiguousarray(b[:nb], np.uint32))
@@ -525,7 +543,7 @@ def fast_executor(mnemonic: str, mods: dict):
     # waves so each step's float64 temporaries stay in the CPU's cache.
     def many(a, b, c, scale_a=None, scale_b=None):
         """a, b, c: (waves, regs, 64) uint32; scale_a / scale_b: (waves, 64) -> (waves, nc, 64), or None."""
-        if a.shape[1] < na or b.shape[1] < nb or _ab_layout is not layout:
+        if a.shape[1] < na or b.shape[1] < nb or swapped():
             return None
         nw = a.shape[0]
         ra = np.ascontiguousarray(a[:, :na], np.uint32)

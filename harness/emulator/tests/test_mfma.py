@@ -422,3 +422,55 @@ def test_fast_path_many_reuses_a_only_when_it_is_equal():
             got = run.many(a, b, c, sa, sb)
             for k in range(nw):
                 assert np.array_equal(got[k], run(a[k], b[k], c[k], sa[k], sb[k])), (form, new_scale, write_a, k)
+
+
+def _wrong_fp8_k_order(orig):
+    """_ab_layout with the FP8 operands' two 16-byte K halves replaced by 32 contiguous K values."""
+    def alt(mn, fmt, which):
+        n, w, outer, k = orig(mn, fmt, which)
+        if fmt.startswith(("fp8", "bf8")) and mfma._form(mn).f8f6f4:
+            k = 32 * (np.arange(64)[:, None] // mfma._form(mn).M) + np.arange(32)[None, :]
+        return n, w, outer, k
+    return alt
+
+
+def _wrong_cd_rows(orig):
+    """_cd_layout with the 16x16 form's rows taken in another order."""
+    def alt(M):
+        row, col = orig(M)
+        return (row[::-1].copy(), col) if M == 16 else (row, col)
+    return alt
+
+
+@pytest.mark.parametrize("name,wrong", [("_ab_layout", _wrong_fp8_k_order), ("_cd_layout", _wrong_cd_rows)])
+def test_fast_path_follows_a_swapped_layout(monkeypatch, name, wrong):
+    """A layout function swapped in (test_upstream_evidence's wrong-layout checks) is what every MFMA then
+    computes with, whatever fast executors, plans and kept A operands exist from before; once restored, the
+    original is again. (Plans cached from the other layout made those checks pass or fail by test order.)"""
+    rng = np.random.default_rng(11)
+    mn, mods = "v_mfma_scale_f32_16x16x128_f8f6f4", {"cbsz": 0, "blgp": 4}
+    na, nb, nc = mfma.operand_regs(mn, mods)
+    nw = 3
+    a = rng.integers(0, 1 << 32, (nw, na, 64), dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, (nw, nb, 64), dtype=np.uint64).astype(np.uint32)
+    c = rng.normal(size=(nw, nc, 64)).astype(np.float32).view(np.uint32)
+    sa = (rng.integers(120, 134, (nw, 64)) * 0x01010101).astype(np.uint32)
+    sb = (rng.integers(120, 134, (nw, 64)) * 0x01010101).astype(np.uint32)
+
+    def exact():
+        return np.stack([mfma.execute(mn, a[k], b[k], c[k], dict(mods, scale_a=sa[k], scale_b=sb[k]))
+                         for k in range(nw)])
+
+    with np.errstate(all="ignore"):
+        before = mfma.fast_executor(mn, mods)
+        right = exact()
+        assert np.array_equal(before.many(a, b, c, sa, sb), right)       # plans and a kept A from the original
+        monkeypatch.setattr(mfma, name, wrong(getattr(mfma, name)))
+        wrong_bits = exact()
+        assert not np.array_equal(wrong_bits, right)
+        assert before(a[0], b[0], c[0], sa[0], sb[0]) is None and before.many(a, b, c, sa, sb) is None
+        under = mfma.fast_executor(mn, mods)
+        assert np.array_equal(under.many(a, b, c, sa, sb), wrong_bits)
+        monkeypatch.undo()
+        assert under.many(a, b, c, sa, sb) is None
+        assert np.array_equal(mfma.fast_executor(mn, mods).many(a, b, c, sa, sb), right)
