@@ -34,8 +34,8 @@ from .ops_scalar import BARRIER
 
 SLICE_MAX = 48      # longest run of one group before the seeded scheduler may switch
 
-# Table rows whose fn is written for one wave's (64,) lanes.
-_NOT_BATCHED = frozenset(("v_bfrev_b32", "v_perm_b32"))
+# Table rows whose fn is written for one wave's (64,) lanes (none today: each row takes any shape).
+_NOT_BATCHED = frozenset()
 # Special VALU builders (ops_vector.SPECIAL) whose handlers only read rows, SGPRs and constants and write
 # rows under EXEC, like the table rows (tests/test_lockstep_ops.py runs each both ways;
 # the gfx9 mac/madak/madmk forms do not exist on gfx950).

@@ -163,10 +163,11 @@ def _class_mask(x, classes):
 
 
 def _bfrev(a):
-    """Bit i of the result is bit 31 - i of a."""
-    words = np.ascontiguousarray(np.broadcast_to(np.asarray(a, U32), (WAVE,)))
+    """Bit i of the result is bit 31 - i of a. Any shape of at least one wave's lanes (lockstep: (waves, 64))."""
+    a = np.asarray(a, U32)
+    words = np.ascontiguousarray(np.broadcast_to(a, np.broadcast_shapes(a.shape, (WAVE,))))
     bits = np.unpackbits(words.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")  # column i = bit i
-    return bits[:, ::-1].dot(1 << np.arange(32, dtype=np.int64)).astype(U32)
+    return bits[:, ::-1].dot(1 << np.arange(32, dtype=np.int64)).astype(U32).reshape(words.shape)
 
 
 def _bitop3(table):
@@ -181,20 +182,20 @@ def _bitop3(table):
 
 
 def _perm(s0, s1, sel):
-    s0, s1, sel = (np.broadcast_to(np.asarray(v, U32), (WAVE,)) for v in (s0, s1, sel))
-    src = np.stack([(s1 >> U32(8 * i)) & U32(0xFF) for i in range(4)] + [(s0 >> U32(8 * i)) & U32(0xFF) for i in range(4)])
-    sign = [((s1 >> U32(15)) & 1) * 0xFF, ((s1 >> U32(31)) & 1) * 0xFF, ((s0 >> U32(15)) & 1) * 0xFF,
-            ((s0 >> U32(31)) & 1) * 0xFF]
-    out = np.zeros(WAVE, U32)
-    for i in range(4):
-        b = (sel >> U32(8 * i)) & U32(0xFF)
-        v = np.where(b < 8, src[np.minimum(b, 7), np.arange(WAVE)], 0)
-        for k in range(4):
-            v = np.where(b == 8 + k, sign[k], v)
-        v = np.where(b == 12, 0, v)
-        v = np.where(b > 12, 0xFF, v)
-        out |= v.astype(U32) << U32(8 * i)
-    return out
+    """v_perm_b32: result byte i is picked by byte i of sel from a table of 14: 0-3 the bytes of s1, 4-7 those
+    of s0, 8-11 the sign bits 15 and 31 of s1, then of s0, as 0x00 / 0xFF, 12 0x00, 13 and up 0xFF. Any shape
+    of at least one wave's lanes (lockstep: (waves, 64))."""
+    s0, s1, sel = (np.asarray(v, U32) for v in (s0, s1, sel))
+    shape = np.broadcast_shapes(s0.shape, s1.shape, sel.shape, (WAVE,))
+    table = np.zeros(shape + (14,), np.uint8)
+    for src, first in ((s1, 0), (s0, 4)):
+        src = np.ascontiguousarray(np.broadcast_to(src, shape))
+        table[..., first: first + 4] = src.view(np.uint8).reshape(shape + (4,))     # little-endian: byte 0 first
+        table[..., 8 + first // 2] = ((src >> U32(15)) & U32(1)) * U32(0xFF)
+        table[..., 9 + first // 2] = (src >> U32(31)) * U32(0xFF)
+    table[..., 13] = 0xFF
+    pick = np.minimum(np.ascontiguousarray(np.broadcast_to(sel, shape)).view(np.uint8).reshape(shape + (4,)), 13)
+    return np.ascontiguousarray(np.take_along_axis(table, pick.astype(np.intp), axis=-1)).view(U32).reshape(shape)
 
 
 def _f16(x):  # round through half precision (results of f16 ops are computed in f32 then rounded)

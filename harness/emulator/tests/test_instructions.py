@@ -154,6 +154,24 @@ def test_perm_b32_selects_bytes_and_constants():
     assert r.v(10)[0] == 0x00FF2187
 
 
+def test_perm_b32_every_selector_byte():
+    """Every selector byte value 0-255 in every result byte, against the ISA's byte table taken lane by lane."""
+    rng = np.random.default_rng(5)
+    a, b = rnd_u32(), rnd_u32()
+    a[:8] = 0x80008000                                   # sign bits set, so 8-11 give 0xFF in some lanes
+    for first in range(0, 256, 64):
+        sel = ((np.arange(first, first + 64)[:, None] + 64 * np.arange(4)[None, :]) % 256).astype(np.uint8)
+        sel = np.ascontiguousarray(rng.permuted(sel, axis=1)).view(np.uint32).reshape(64)
+        r = run("v_perm_b32 v10, v2, v3, v4", vin=[a, b, sel])
+        for lane in range(64):
+            x, y = int(a[lane]), int(b[lane])
+            table = ([(y >> 8 * i) & 0xFF for i in range(4)] + [(x >> 8 * i) & 0xFF for i in range(4)]
+                     + [0xFF * (v >> bit & 1) for v in (y, x) for bit in (15, 31)] + [0x00])
+            want = sum((table[s] if s < 13 else 0xFF) << 8 * i
+                       for i, s in enumerate(int(sel[lane]) >> 8 * i & 0xFF for i in range(4)))
+            assert int(r.v(10)[lane]) == want, (lane, hex(int(sel[lane])))
+
+
 def test_mbcnt_lane_ids():
     r = run("""
       v_mbcnt_lo_u32_b32 v10, -1, 0

@@ -407,6 +407,10 @@ INT_SGPRS = """
   v_pk_add_u16 v34, s7, v5 op_sel:[1,0]
   v_max_i32 v35, s7, v5
   v_add_f32 v36, s7, v5
+  v_and_b32 v25, 0x0f0f0f0f, v5
+  v_perm_b32 v37, s7, v5, v25
+  v_perm_b32 v38, v5, v25, s40
+  v_bfrev_b32 v39, v5
   s_mov_b64 exec, s[32:33]
 """
 
@@ -417,13 +421,14 @@ def test_valu_integer_rows_batched_with_per_wave_sgprs(opts):
     from harness.emulator.codeobject import read_code_object
     from harness.emulator.tests.asmkernel import assemble
 
-    v, _, _ = _both(INT_SGPRS, opts, slice(30, 37))
+    v, _, _ = _both(INT_SGPRS, opts, slice(30, 40))
     assert not np.array_equal(v[0][0], v[1][0])                   # s7 differs between a workgroup's waves
     assert not np.array_equal(v[0][1], v[4][1])                   # s40 between workgroups
     program, _ = runtime.program_for(read_code_object(assemble(INT_SGPRS)), "k")
     table = {inst.mnemonic.removesuffix("_e32"): lockstep.batched_table(program)[(inst.pc - program.base) >> 2]
              for inst in program.insts.values()}
-    ints = ("v_add_u32", "v_lshl_add_u32", "v_mul_lo_u32", "v_sub_u32", "v_pk_add_u16", "v_max_i32")
+    ints = ("v_add_u32", "v_lshl_add_u32", "v_mul_lo_u32", "v_sub_u32", "v_pk_add_u16", "v_max_i32", "v_perm_b32",
+            "v_bfrev_b32")
     assert all(table[m] == () for m in ints), table
     assert table["v_add_f32"] == (7,)                             # two float sources: the SGPR is checked
 
