@@ -67,7 +67,7 @@ def batched_table(program) -> list:
         table_row = k.family in ("v_op", "v_pk16", "v_pk32")
         if not (table_row or (k.family == "v_special" and k.base in _BATCHED_SPECIAL)):
             continue
-        if k.enc not in ("", "e32", "e64"):
+        if k.enc not in ("", "e32", "e64", "dpp"):       # DPP: ops_vector.Dpp permutes the lanes' last axis
             continue
         if k.base in _NOT_BATCHED:
             continue

@@ -69,21 +69,22 @@ class Dpp:
         self.fetch_inactive = mods.get("fi", "0") not in ("0",)
 
     def wrap(self, reader):
-        """Reader of src0 as seen through the permutation (raw bits, before typing)."""
+        """Reader of src0 as seen through the permutation (raw bits, before typing); lanes on the last axis,
+        so a lockstep batch's (waves, 64) rows permute as one."""
         def read(w):
-            v = np.broadcast_to(reader(w), (WAVE,))
-            out = v[self.src_clamped]
-            ok = self._source_ok(w)
+            v = reader(w)
+            out = np.broadcast_to(v, np.broadcast_shapes(np.shape(v), (WAVE,)))[..., self.src_clamped]
             if self.bound_zero:
-                out = np.where(ok, out, out.dtype.type(0))
+                out = np.where(self._source_ok(w), out, out.dtype.type(0))
             return out
         return read
 
     def _source_ok(self, w):
         ok = self.valid
         if not self.fetch_inactive:
-            ex = lane_mask(w.s[EXEC_LO] | (w.s[EXEC_HI] << 32))
-            ok = ok & ex[self.src_clamped]
+            ex = exec_mask(w)           # None: every lane active; (waves, 64) in a batch whose EXEC differ
+            if ex is not None:
+                ok = ok & ex[..., self.src_clamped]
         return ok
 
     def mask(self, w, exec_m):

@@ -924,3 +924,40 @@ def test_lane_permutes(opts):
         np.testing.assert_array_equal(v[k][1], data[(7 * t + 2) & 63])
         src = (7 * t) & 63
         np.testing.assert_array_equal(v[k][3], np.where((lanes >= 21) & (src >= 21), data[src], 0))
+
+
+# DPP forms (table rows with src0 seen through a lane permutation): whole EXEC, then an EXEC that differs by
+# wave (thread ids below 100: wave 0 whole, wave 1 lanes 0-35, waves 2-3 none), so the source-lane check of
+# the inactive lanes, bound_ctrl and row/bank masks run over waves whose masks differ
+DPP = """
+  s_mov_b32 s40, 0x9e3779b1
+  v_mul_lo_u32 v24, s40, v0
+  v_cvt_f32_u32 v25, v24
+  v_mov_b32_dpp v50, v24 quad_perm:[3,2,1,0] row_mask:0xf bank_mask:0xf
+  v_max_i32_dpp v51, v24, v24 row_shr:1 row_mask:0xf bank_mask:0xf
+  v_add_u32_dpp v52, v24, v0 row_bcast:15 row_mask:0xa bank_mask:0xf
+  s_movk_i32 s41, 0x64
+  v_cmp_gt_u32 s[30:31], s41, v0
+  s_and_saveexec_b64 s[32:33], s[30:31]
+  v_mov_b32 v53, 0
+  v_mov_b32 v54, 0
+  v_mov_b32 v55, 0
+  v_max_i32_dpp v53, v24, v24 row_shr:3 row_mask:0xf bank_mask:0xf
+  v_max_i32_dpp v54, v24, v24 row_shl:2 row_mask:0xf bank_mask:0x5 bound_ctrl:1
+  v_add_f32_dpp v55, v25, v25 row_ror:5 row_mask:0xf bank_mask:0xf bound_ctrl:1
+  s_mov_b64 exec, s[32:33]
+"""
+
+
+@pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
+def test_dpp_forms_under_per_wave_exec(opts):
+    from harness.emulator import lockstep, runtime
+    from harness.emulator.codeobject import read_code_object
+    from harness.emulator.tests.asmkernel import assemble
+
+    v, _, _ = _both(DPP, opts, slice(50, 56))
+    assert not np.array_equal(v[0][3], v[1][3]) and not v[2][3].any()       # the EXEC differ by wave
+    program, _ = runtime.program_for(read_code_object(assemble(DPP)), "k")
+    dpp = [lockstep.batched_table(program)[(inst.pc - program.base) >> 2] for inst in program.insts.values()
+           if inst.mnemonic.endswith("_dpp")]
+    assert len(dpp) == 6 and all(b is not None for b in dpp)                  # run batched
