@@ -39,7 +39,8 @@ _NOT_BATCHED = frozenset()
 # Special VALU builders (ops_vector.SPECIAL) whose handlers only read rows, SGPRs and constants and write
 # rows under EXEC, like the table rows (tests/test_lockstep_ops.py runs each both ways;
 # the gfx9 mac/madak/madmk forms do not exist on gfx950).
-_BATCHED_SPECIAL = frozenset(("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_div_fmas_f32", "v_div_fixup_f32"))
+_BATCHED_SPECIAL = frozenset(("v_fmac_f32", "v_fmamk_f32", "v_fmaak_f32", "v_div_fmas_f32", "v_div_fixup_f32",
+                              "v_bitop3_b32", "v_bitop3_b16"))
 
 
 def _float_sources(k) -> int:

@@ -171,14 +171,14 @@ def build_cvt(inst, ctx):
     def group(waves):
         """Lockstep (lockstep.py): one conversion over (waves, 64) (a LANEWISE_CVT handler computes each
         lane from that lane alone), each wave's result stored under its own EXEC."""
+        from .lockstep import batch_of
+        waves, b = batch_of(waves)      # slot order: each wave writes only its own row, so any order is alone's
         regs = waves[0].v.base
         idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
         args = [regs[idx, r] if r is not None else np.stack([rd(w) for w in waves])
                 for r, rd in zip(vrows, readers)]
-        old = regs[idx, drow]
-        res = numerics.execute_cvt(base, args, old, mods)
-        for k, w in enumerate(waves):
-            store_row(w, drow, res[k], exec_mask(w))
+        res = numerics.execute_cvt(base, args, regs[idx, drow], mods)
+        store_row(b, drow, res, exec_mask(b))       # under each wave's EXEC (a batch's (waves, 64) masks)
     h.group = group
     return h
 

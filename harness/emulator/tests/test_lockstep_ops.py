@@ -45,6 +45,18 @@ def _both(body, opts, regs, memory=None, **kw):
     return got[1]
 
 
+def _batched(body) -> dict:
+    """lockstep.batched_table's entry of each instruction of `body` by mnemonic (None: runs wave by wave)."""
+    from harness.emulator import lockstep, runtime
+    from harness.emulator.codeobject import read_code_object
+    from harness.emulator.tests.asmkernel import assemble
+
+    program, _ = runtime.program_for(read_code_object(assemble(body)), "k")
+    table = lockstep.batched_table(program)
+    return {inst.mnemonic.removesuffix("_e32"): table[(inst.pc - program.base) >> 2]
+            for inst in program.insts.values()}
+
+
 # buffer over the input, num_records 3000 bytes: lane offset 12 * thread, so wave 3 (threads 192..255,
 # bytes 2304..) is partly out of range and waves 0..2 are wholly in range (a different form per wave)
 BUFFER = """
@@ -302,7 +314,7 @@ def test_conversion_group_under_partial_exec(opts):
 
 
 # the special VALU forms lockstep.py batches (fmac with the destination as addend, the literal fma forms,
-# the division steps; v_div_scale through its group form, its SGPR destination per wave) on finite floats
+# the division steps, bitop3 (b16: halves by op_sel); v_div_scale through its group form, its SGPR destination per wave) on finite floats
 # that differ per wave, an SGPR that differs per workgroup, and an EXEC that differs per wave (from the data)
 SPECIAL_VALU = """
   v_and_b32 v30, 0x3fffffff, v2
@@ -333,6 +345,8 @@ SPECIAL_VALU = """
   v_div_fmas_f32 v50, v47, v49, 0
   v_div_fixup_f32 v51, v50, v31, v30
   v_fmac_f32_e32 v52, v51, v49
+  v_bitop3_b32 v57, v30, v31, v5 bitop3:0x96
+  v_bitop3_b16 v58, v30, v5, v32 bitop3:0xe8 op_sel:[1,0,1,1]
   s_mov_b64 exec, s[32:33]
   v_mov_b32 v53, vcc_lo
   v_mov_b32 v54, s34
@@ -341,8 +355,11 @@ SPECIAL_VALU = """
 
 @pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
 def test_special_valu_forms(opts):
-    v, _, _ = _both(SPECIAL_VALU, opts, slice(40, 55))
+    v, _, _ = _both(SPECIAL_VALU, opts, slice(40, 59))
     assert not np.array_equal(v[0], v[1])
+    table = _batched(SPECIAL_VALU)
+    assert all(table[m] is not None for m in ("v_fmac_f32", "v_fmaak_f32", "v_fmamk_f32", "v_div_fmas_f32",
+                                              "v_div_fixup_f32", "v_bitop3_b32", "v_bitop3_b16")), table
     inp = _inputs()
     f32 = lambda a: a.view(np.float32).astype(np.float64)        # noqa: E731
     for w in (0, 5):                                              # wave 0 of workgroup 0, wave 1 of workgroup 1
@@ -417,16 +434,10 @@ INT_SGPRS = """
 
 @pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
 def test_valu_integer_rows_batched_with_per_wave_sgprs(opts):
-    from harness.emulator import lockstep, runtime
-    from harness.emulator.codeobject import read_code_object
-    from harness.emulator.tests.asmkernel import assemble
-
     v, _, _ = _both(INT_SGPRS, opts, slice(30, 40))
     assert not np.array_equal(v[0][0], v[1][0])                   # s7 differs between a workgroup's waves
     assert not np.array_equal(v[0][1], v[4][1])                   # s40 between workgroups
-    program, _ = runtime.program_for(read_code_object(assemble(INT_SGPRS)), "k")
-    table = {inst.mnemonic.removesuffix("_e32"): lockstep.batched_table(program)[(inst.pc - program.base) >> 2]
-             for inst in program.insts.values()}
+    table = _batched(INT_SGPRS)
     ints = ("v_add_u32", "v_lshl_add_u32", "v_mul_lo_u32", "v_sub_u32", "v_pk_add_u16", "v_max_i32", "v_perm_b32",
             "v_bfrev_b32")
     assert all(table[m] == () for m in ints), table
@@ -951,13 +962,7 @@ DPP = """
 
 @pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
 def test_dpp_forms_under_per_wave_exec(opts):
-    from harness.emulator import lockstep, runtime
-    from harness.emulator.codeobject import read_code_object
-    from harness.emulator.tests.asmkernel import assemble
-
     v, _, _ = _both(DPP, opts, slice(50, 56))
     assert not np.array_equal(v[0][3], v[1][3]) and not v[2][3].any()       # the EXEC differ by wave
-    program, _ = runtime.program_for(read_code_object(assemble(DPP)), "k")
-    dpp = [lockstep.batched_table(program)[(inst.pc - program.base) >> 2] for inst in program.insts.values()
-           if inst.mnemonic.endswith("_dpp")]
-    assert len(dpp) == 6 and all(b is not None for b in dpp)                  # run batched
+    dpp = [b for m, b in _batched(DPP).items() if m.endswith("_dpp")]
+    assert len(dpp) == 4 and all(b is not None for b in dpp)                  # run batched (4 mnemonics)
