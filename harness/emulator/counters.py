@@ -47,12 +47,17 @@ class _Intervals:
         # The union from the starts and the ends each sorted on its own (two plain sorts, no argsort): with
         # both sorted, the first i+1 intervals by start all end by the (i+1)-th smallest end, so a merged
         # interval closes there exactly when the next start lies beyond it (touching intervals join).
-        s = np.concatenate([self._merged[:, 0], s])
-        e = np.concatenate([self._merged[:, 1], e])
-        if not len(s):
-            return
+        # The merged starts and ends are each sorted already: sort the new ones, then a stable sort of the
+        # two runs (timsort: a linear merge) instead of sorting all of them again.
         s.sort()
         e.sort()
+        if len(self._merged):
+            s = np.concatenate([self._merged[:, 0], s])
+            e = np.concatenate([self._merged[:, 1], e])
+            s.sort(kind="stable")
+            e.sort(kind="stable")
+        if not len(s):
+            return
         gap = s[1:] > e[:-1]
         first = np.empty(len(s), bool)
         first[0], first[1:] = True, gap

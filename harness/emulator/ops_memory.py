@@ -12,13 +12,14 @@ w.san.issue(queue, registers, apply, lds_record) at the covering s_waitcnt inste
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 
 import numpy as np
 
 from . import mfma, ranks
 from .lanes import swizzle_source_lanes
 from .operands import exec_mask, parse_operand, raw_reader, row_of, scalar_reader
-from .sanitizer import GroupLoad, lds_record
+from .sanitizer import GroupLoad, issue_group, lds_record
 from .semantics import ATOMIC32
 from .state import EXEC_HI, EXEC_LO, FULL, M0, MEM8, MEM32, MEM_BASE, WAVE, lane_mask
 
@@ -47,10 +48,21 @@ SIZES = {
 # ---- host-memory gather/scatter ---------------------------------------------------------------------
 
 _DWORDS = [np.arange(n) for n in range(5)]      # dword offsets within a 0..16-byte access
+# host memory as 4-, 8- and 16-byte elements (state.MEM32's address space): an access of nbytes aligned to
+# nbytes is one element, so a gather or scatter takes one index a lane
+_WIDE = {4: MEM32, 8: type(MEM32)((MEM32.size // 2,), np.uint64, MEM32.data),
+         16: type(MEM32)((MEM32.size // 4,), np.dtype("V16"), MEM32.data)}
+_WIDE_SHIFT = {4: 2, 8: 3, 16: 4}
+
 
 def mem_read(addrs: np.ndarray, nbytes: int) -> np.ndarray:
     """(k,) byte addresses -> (k, nbytes) uint8 copy of host memory."""
     a = np.asarray(addrs, np.int64)                     # read only: no copy needed
+    wide = _WIDE.get(nbytes)
+    if wide is not None and not (a & (nbytes - 1)).any():
+        i = a - MEM_BASE
+        i >>= _WIDE_SHIFT[nbytes]
+        return wide.take(i).view(np.uint8).reshape(len(a), nbytes)
     if nbytes % 4 == 0 and not (a & 3).any():
         idx = ((a - MEM_BASE) >> 2)[:, None] + (_DWORDS[nbytes // 4] if nbytes <= 16 else np.arange(nbytes // 4))
         return MEM32.take(idx).view(np.uint8).reshape(len(a), nbytes)
@@ -60,8 +72,14 @@ def mem_read(addrs: np.ndarray, nbytes: int) -> np.ndarray:
 
 def mem_write(addrs: np.ndarray, data: np.ndarray) -> None:
     """Scatter (k, nbytes) uint8 rows to host memory (later lanes win on overlap)."""
-    a = addrs.astype(np.int64)
+    a = np.asarray(addrs, np.int64)
     nbytes = data.shape[1]
+    wide = _WIDE.get(nbytes)
+    if wide is not None and not (a & (nbytes - 1)).any():
+        i = a - MEM_BASE
+        i >>= _WIDE_SHIFT[nbytes]
+        wide[i] = np.ascontiguousarray(data).view(wide.dtype).reshape(-1)
+        return
     if nbytes % 4 == 0 and not (a & 3).any():
         idx = ((a - MEM_BASE) >> 2)[:, None] + np.arange(nbytes // 4)
         MEM32[idx] = np.ascontiguousarray(data).view(U32)
@@ -121,6 +139,18 @@ def _deliver(w, queue, mask, apply, lds_rec=None):
 def _slots(waves):
     """The waves' register slots (rows of the lockstep batch's register file) as an index array."""
     return np.fromiter((w.slot for w in waves), np.intp, len(waves))
+
+
+_TILES = {}
+
+
+def _lane_tile(n):
+    """Lane numbers of n whole waves ((n * 64,) intp, shared: read only)."""
+    t = _TILES.get(n)
+    if t is None:
+        t = _TILES[n] = np.tile(_LANE_NUMBERS, n)
+        t.flags.writeable = False
+    return t
 
 
 def _dword_load(waves, slots, row, data):
@@ -306,6 +336,10 @@ class BufferAddress:
         self.vrow = row_of(vaddr, acc) if vaddr.is_vector else None
         self.rsrc = srsrc.index
         self.soff = scalar_reader(soffset)
+        # how all_in_range_many reads soffset: an SGPR, or a constant (soff(w) of any wave)
+        self.soff_sgpr = soffset.index if soffset.kind == "s" else None
+        self.soff_const = self.soff(None) if soffset.kind == "const" else None
+        self._get = None
         self._last = {}          # nbytes -> offsets of each dword's end, for the raw-buffer range check
 
     def compute(self, w, nbytes):
@@ -350,37 +384,65 @@ class BufferAddress:
         off += soff
         return off
 
-    def all_in_range_many(self, waves, nbytes, lanes=False):
+    def all_in_range_many(self, waves, nbytes, lanes=False, idx=None):
         """all_in_range for a lockstep group at once: ((waves, 64) int64 addresses, (waves,) bool), the
         flag True where the wave has every lane active and all_in_range would return those addresses.
         lanes=True adds in_range's (waves, 64, ndw) in-range dwords, valid where the third value, (waves,)
-        bool, is True (a raw buffer: stride 0), or None for both when every flag is True."""
+        bool, is True (a raw buffer: stride 0), or None for both when every flag is True. idx: the waves'
+        register slots (_slots), when the caller has them."""
         n = len(waves)
         if self.idxen or not self.offen:
             return (None, np.zeros(n, bool), None, np.zeros(n, bool)) if lanes else (None, np.zeros(n, bool))
-        rs, soff = self.rsrc, self.soff
-        # each wave's descriptor dwords 0-2, soffset and EXEC, one int64 row a wave (all below 2**48)
-        d0, d1, d2, so, lo, hi = np.array([(s[rs], s[rs + 1], s[rs + 2], soff(w), s[EXEC_LO], s[EXEC_HI])
-                                           for w in waves for s in (w.s,)], np.int64).T
+        get = self._get
+        if get is None:
+            rs = self.rsrc
+            get = self._get = (itemgetter(rs, rs + 1, rs + 2, self.soff_sgpr, EXEC_LO, EXEC_HI)
+                               if self.soff_sgpr is not None else itemgetter(rs, rs + 1, rs + 2, EXEC_LO, EXEC_HI))
+        # each wave's descriptor dwords 0-2, soffset and EXEC (all below 2**48): a Python int where every
+        # wave holds one value (usual: compared in C), else an int64 array over the waves
+        rows = [get(w.s) for w in waves]
+        r0 = rows[0]
+        cols = r0 if rows.count(r0) == n else [c[0] if c.count(c[0]) == n else np.array(c, np.int64)
+                                                for c in zip(*rows)]
+        if self.soff_sgpr is not None:
+            d0, d1, d2, so, lo, hi = cols
+        else:
+            d0, d1, d2, lo, hi = cols
+            so = self.soff_const
+            if so is None:
+                so = [self.soff(w) for w in waves]
+                so = so[0] if so.count(so[0]) == n else np.array(so, np.int64)
         full = (lo == 0xFFFFFFFF) & (hi == 0xFFFFFFFF)
         raw = ((d1 >> 16) & 0x3FFF) == 0          # stride 0
         base = (d0 | ((d1 & 0xFFFF) << 32)) + so
         lim = d2 - so
         regs = waves[0].v.base
-        idx = _slots(waves)
+        if idx is None:
+            idx = _slots(waves)
         off = regs[idx, self.vrow].astype(np.int64)
         if self.inst_offset:
             off += self.inst_offset
         ndw = max(1, nbytes // 4)
-        ok = full & raw & (off.max(axis=1) + (4 * (ndw - 1) + min(4, nbytes)) <= lim)
+        reach = 4 * (ndw - 1) + min(4, nbytes)
+        if type(lim) is int:
+            if full is False or raw is False:
+                ok = np.zeros(n, bool)
+            elif int(off.max()) + reach <= lim:
+                ok = full & np.ones(n, bool)
+            else:
+                ok = full & raw & (off.max(axis=1) + reach <= lim)
+        else:
+            ok = full & raw & (off.max(axis=1) + reach <= lim)
+        if type(raw) is bool:
+            raw = np.full(n, raw)
         dw = None
         if lanes and not ok.all():
             # in_range's test for a raw buffer (its offset there includes soffset, here in the limit)
             last = self._last.get(nbytes)
             if last is None:
                 last = self._last[nbytes] = np.arange(0, 4 * ndw, 4, dtype=np.int64) + min(4, nbytes)
-            dw = (off[:, :, None] + last) <= lim[:, None, None]
-        off += base[:, None]
+            dw = (off[:, :, None] + last) <= (lim if type(lim) is int else lim[:, None, None])
+        off += base if type(base) is int else base[:, None]
         return (off, ok, dw, raw) if lanes else (off, ok)
 
     def in_range(self, w, nbytes):
@@ -508,17 +570,21 @@ def build_buffer(inst, ctx):
             report is the first wave's, as alone. Each wave's registers are still delivered through its
             own queue: whole-dword loads of the waves with every lane active as shares of one GroupLoad
             (the group s_waitcnt stores them together), the others as closures."""
-            fast, part = [], []
-            many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
-            for k, (w, f) in enumerate(zip(waves, whole.tolist())):
-                if f:
-                    fast.append(w)
-                else:
-                    s_ = w.s
-                    full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
-                    act = _ALL if full else _active(w)
-                    addr, ok = (many[k], dw[k]) if raw[k] else ba.in_range(w, nbytes)
-                    part.append((w, act, addr, ok))
+            idx = _slots(waves)
+            many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True, idx=idx)
+            if whole.all():
+                fast, part = waves, ()
+            else:
+                fast, part = [], []
+                for k, (w, f) in enumerate(zip(waves, whole.tolist())):
+                    if f:
+                        fast.append(w)
+                    else:
+                        s_ = w.s
+                        full = s_[EXEC_LO] == 0xFFFFFFFF and s_[EXEC_HI] == 0xFFFFFFFF
+                        act = _ALL if full else _active(w)
+                        addr, ok = (many[k], dw[k]) if raw[k] else ba.in_range(w, nbytes)
+                        part.append((w, act, addr, ok))
             a = (many.reshape(-1) if not part else many[whole].reshape(-1)) if fast else None
             if part:
                 P = len(part)
@@ -535,7 +601,7 @@ def build_buffer(inst, ctx):
             if mem is not None:
                 try:
                     if fast:
-                        mem.check(a, nbytes, np.tile(_LANE_NUMBERS, len(fast)), inst.mnemonic, True, False)
+                        mem.check(a, nbytes, _lane_tile(len(fast)), inst.mnemonic, True, False)
                     if part:
                         # whole where every active lane's every dword is in range (h checks those whole),
                         # else each in-range dword (what h checks, or finds clean)
@@ -552,6 +618,17 @@ def build_buffer(inst, ctx):
                 except Exception:
                     _one_by_one(h, waves)       # as alone: the first wave with a report raises it
                     return
+            if not part:                # every wave whole (the usual case): one GroupLoad, one shared entry
+                data = mem_read(a, nbytes)
+                counters.global_load(a, nbytes)
+                data = data.reshape(len(waves), WAVE, nbytes)
+                if nbytes >= 4:         # whole dwords (no sign extension, no d16 half): rows as loaded
+                    issue_group(waves, dmask, _dword_load(waves, idx, row, data))
+                else:
+                    issue_group(waves, dmask, None, [
+                        lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16)
+                        for w, d in zip(waves, data)])
+                return
             got = {}                    # id(wave) -> what its queue entry delivers (None: no lane active)
             whole_ws, whole_data = [], []       # waves with every lane active, their (n, 64, nbytes) bytes
             if fast:
@@ -559,39 +636,30 @@ def build_buffer(inst, ctx):
                 counters.global_load(a, nbytes)
                 whole_ws += fast
                 whole_data.append(data.reshape(len(fast), WAVE, nbytes))
-            if part:
-                safe = np.where(lane_ok, A, SAFE_ADDR)
-                data = mem_read(safe.reshape(-1), nbytes).reshape(P, WAVE, ndw, -1)
-                if not eff.all():
-                    data = np.where(eff[:, :, :, None], data, 0).astype(np.uint8)
-                data = data.reshape(P, WAVE, nbytes)
-                counters.global_load(A[lane_ok], nbytes)
-                for n, (w, act, _, _) in enumerate(part):
-                    if act is _ALL:
-                        whole_ws.append(w)
-                        whole_data.append(data[n][None])
-                    else:
-                        got[id(w)] = (lambda w=w, d=data[n][act], act=act: _bytes_to_rows(
-                            w, row, d, act, nbytes, sext, d16)) if act.any() else None
+            safe = np.where(lane_ok, A, SAFE_ADDR)
+            data = mem_read(safe.reshape(-1), nbytes).reshape(P, WAVE, ndw, -1)
+            if not eff.all():
+                data = np.where(eff[:, :, :, None], data, 0).astype(np.uint8)
+            data = data.reshape(P, WAVE, nbytes)
+            counters.global_load(A[lane_ok], nbytes)
+            for n, (w, act, _, _) in enumerate(part):
+                if act is _ALL:
+                    whole_ws.append(w)
+                    whole_data.append(data[n][None])
+                else:
+                    got[id(w)] = (lambda w=w, d=data[n][act], act=act: _bytes_to_rows(
+                        w, row, d, act, nbytes, sext, d16)) if act.any() else None
             if whole_ws:
                 data = np.concatenate(whole_data) if len(whole_data) > 1 else whole_data[0]
                 if nbytes >= 4:         # whole dwords (no sign extension, no d16 half): rows as loaded
                     load = _dword_load(whole_ws, _slots(whole_ws), row, data)
-                    if waves[0].san is None:        # delivered now: one store
-                        load.store()
-                        shares = [None] * len(whole_ws)
-                    else:
-                        shares = load.parts()
+                    shares = [load] * len(whole_ws)     # an entry of each wave holding the GroupLoad
                 else:
                     shares = [lambda w=w, d=d: _bytes_to_rows(w, row, d, _ALL, nbytes, sext, d16)
                               for w, d in zip(whole_ws, data)]
                 got.update(zip(map(id, whole_ws), shares))
-            for w in waves:                     # in the group's order, as alone (a missing wait reports)
-                try:
-                    _deliver(w, "vm", dmask, got[id(w)])
-                except Exception as e:
-                    e.wave = w
-                    raise
+            # in the group's order, as alone (a missing wait reports naming its wave)
+            issue_group(waves, dmask, None, [got[id(w)] for w in waves])
         h.group = group
         return h
 
@@ -638,7 +706,8 @@ def build_buffer(inst, ctx):
         store: active and in range. A raw buffer's lanes out of range (wholly: a lane with only some of its
         dwords in range runs the group wave by wave) are dropped, as alone. A memory report (out of bounds:
         found before any byte is marked written) reruns the group wave by wave, so it names the same wave."""
-        many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
+        idx = _slots(waves)
+        many, whole, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True, idx=idx)
         n = len(waves)
         sel = None                  # (waves, 64) lanes that store, None when all of them
         if not whole.all():
@@ -653,19 +722,16 @@ def build_buffer(inst, ctx):
         a = many.reshape(-1) if sel is None else many[sel]
         mem = waves[0].san.mem if waves[0].san is not None else None
         if mem is not None and len(a):
-            lanes = np.tile(_LANE_NUMBERS, n) if sel is None else np.nonzero(sel)[1]
+            lanes = _lane_tile(n) if sel is None else np.nonzero(sel)[1]
             try:
                 mem.check(a, nbytes, lanes, inst.mnemonic, False, True)
             except Exception:
                 _one_by_one(h, waves)
                 return
-        for w in waves:
-            if w.san is not None:
-                w.san.issue("vm", 0, None)
+        issue_group(waves, 0, None)         # each wave's vmcnt entry (one shared: nothing to deliver)
         if not len(a):
             return
         regs = waves[0].v.base
-        idx = _slots(waves)
         if shift_hi:
             data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
         else:

@@ -205,6 +205,9 @@ def _lane_numbers(lanes) -> np.ndarray:
     return np.nonzero(lanes)[0] if lanes.dtype == bool else lanes
 
 
+_DWORD_UNITS = [np.arange(n) for n in range(17)]
+
+
 class MemoryMap:
     """Byte ranges a launch may touch, and which bytes of fresh tensors have been written.
 
@@ -220,6 +223,7 @@ class MemoryMap:
         self.shadows = [r[3] for r in ranges]          # None or uint8 array over [start, end)
         self._start_list = [int(r[0]) for r in ranges]   # for bisect in check's one-range fast path
         self._end_list = [int(r[1]) for r in ranges]
+        self._sh32 = [None] * len(ranges)               # uint32 views of the shadows, made when first used
 
     def _locate(self, a: np.ndarray, nbytes: int):
         idx = np.searchsorted(self.starts, a, side="right") - 1
@@ -274,6 +278,18 @@ class MemoryMap:
 
     def _shadow(self, sh, r, a, nbytes, lanes, what, read, write):
         """Written-byte map of fresh range r: report a read of a never-written byte, mark written ones."""
+        if not nbytes & 3 and not self._start_list[r] & 3 and not (a & 3).any():
+            # whole aligned dwords: four map bytes at once (a map byte is 0 or 1: 0x01010101 = all written)
+            sh32 = self._sh32[r]
+            if sh32 is None:
+                sh32 = self._sh32[r] = sh[: len(sh) & ~3].view(np.uint32)
+            i = (a - self._start_list[r]) >> 2
+            if nbytes > 4:
+                i = i[:, None] + _DWORD_UNITS[nbytes >> 2]
+            if not read or (sh32[i] == 0x01010101).all():
+                if write:
+                    sh32[i] = 0x01010101
+                return
         off = (a - self.starts[r])[:, None] + np.arange(nbytes)
         if read:
             bad = sh[off] == 0
@@ -483,15 +499,17 @@ _LOAD_SEQ = itertools.count()
 class GroupLoad:
     """The registers one lockstep group load delivers: wave k (register slot slots[k] of the batch's
     register file `regs`) gets rows [row, row + n) = data[k] ((W, n, 64) uint32). Each wave's queue entry
-    holds its share, a _Part, so it is delivered at that wave's own covering s_waitcnt and never sooner; the
-    group s_waitcnt stores the shares of all the waves it completes in one fancy-indexed store. seq orders
-    two loads into the same registers of a wave (issue order)."""
+    holds its share, so it is delivered at that wave's own covering s_waitcnt and never sooner: either a
+    _Part (parts()), or the GroupLoad itself in an entry the waves share (issue_group), the share then being
+    the completing wave's slot. The group s_waitcnt stores the shares of all the waves it completes in one
+    fancy-indexed store. seq orders two loads into the same registers of a wave (issue order)."""
 
-    __slots__ = ("regs", "slots", "row", "end", "data", "seq")
+    __slots__ = ("regs", "slots", "row", "end", "data", "seq", "_kof")
 
     def __init__(self, regs, slots, row, data):
         self.regs, self.slots, self.row, self.end, self.data = regs, slots, row, row + data.shape[1], data
         self.seq = next(_LOAD_SEQ)
+        self._kof = None
 
     def parts(self) -> list:
         return [_Part(self, k) for k in range(len(self.slots))]
@@ -502,6 +520,17 @@ class GroupLoad:
             self.regs[self.slots, self.row: self.end] = self.data
         else:
             self.regs[self.slots[ks], self.row: self.end] = self.data[ks]
+
+    def ks_of(self, slots) -> list:
+        """The wave indices of these register slots."""
+        kof = self._kof
+        if kof is None:
+            kof = self._kof = {s: k for k, s in enumerate(self.slots.tolist())}
+        return [kof[s] for s in slots]
+
+    def store_slots(self, slots):
+        """Deliver the shares of the waves in these register slots (distinct)."""
+        self.store(None if len(slots) == len(self.slots) else self.ks_of(slots))
 
 
 class _Part:
@@ -518,20 +547,32 @@ class _Part:
 
 
 class _Held:
-    """What a group s_waitcnt holds back to its last wave: GroupLoad shares (load -> wave indices) and the
-    registers of the current wave's held shares (`mask`)."""
+    """What a group s_waitcnt holds back to its last wave: GroupLoad shares (load -> wave indices from
+    _Parts, `shares`; load -> register slots from shared entries, `slots`) and the registers of the current
+    wave's held shares (`mask`)."""
 
-    __slots__ = ("shares", "mask")
+    __slots__ = ("shares", "slots", "mask")
 
     def __init__(self):
-        self.shares, self.mask = {}, 0
+        self.shares, self.slots, self.mask = {}, {}, 0
 
     def store(self):
         """Deliver the held shares, older loads first (two loads into one register: the newer wins)."""
-        sh = self.shares
-        for ld in sorted(sh, key=_seq) if len(sh) > 1 else sh:
-            ld.store(sh[ld])
+        sh, sl = self.shares, self.slots
+        if len(sh) + len(sl) > 1:
+            for ld in sorted([*sh, *sl], key=_seq):
+                ks = sh.get(ld)
+                if ks is not None:
+                    ld.store(ks)
+                else:
+                    ld.store_slots(sl[ld])
+        else:
+            for ld, ks in sh.items():
+                ld.store(ks)
+            for ld, slots in sl.items():
+                ld.store_slots(slots)
         sh.clear()
+        sl.clear()
         self.mask = 0
 
 
@@ -544,7 +585,8 @@ def _seq(ld):
 class WaveSan:
     """Outstanding memory operations, MFMA hazards and the handles handlers call."""
 
-    __slots__ = ("wave", "waits", "hazards_on", "races", "mem", "lds", "vm", "lgkm", "pend", "hazards", "clock",
+    __slots__ = ("wave", "waits", "hazards_on", "races", "mem", "lds", "vm", "lgkm", "pend", "overlap", "hazards",
+                 "clock",
                  "hz_dst", "static", "insts", "base", "cur_pc")
 
     def __init__(self, wave, det, static, program, mem, lds_shadow):
@@ -555,7 +597,8 @@ class WaveSan:
         self.mem = mem
         self.vm = deque()          # entries: [mask, apply, lds_rec, pc]
         self.lgkm = deque()        # entries: [mask, apply, lds_rec, pc, is_smem]
-        self.pend = 0
+        self.pend = 0              # the union of the outstanding entries' masks
+        self.overlap = False       # an entry issued over a pending register since the queues were last empty
         self.hazards = []          # (dst mask, clock at issue, passes, pc)
         self.clock = 0
         self.hz_dst = 0            # the union of the entries' dst masks (expired ones included)
@@ -576,20 +619,27 @@ class WaveSan:
                 self._record(lds_rec, pc)
             return
         if mask & self.pend:
-            q = self.vm if queue == "vm" else self.lgkm
-            other = self.lgkm if queue == "vm" else self.vm
-            clash = [e for e in other if e[0] & mask]
-            if queue == "smem" or any(len(e) > 4 and e[4] for e in q if e[0] & mask):
-                clash += [e for e in q if e[0] & mask]
-            if clash:
-                e = clash[0]
-                raise SanitizerError(
-                    "missing-wait", f"overwrites {reg_names(mask & e[0], self.static.acc)} while "
-                    f"'{self._text(e[3])}' (pc {e[3]:#x}) into them is outstanding; the two may complete in "
-                    f"either order")
-        entry = [mask, apply, lds_rec, pc] if queue == "vm" else [mask, apply, lds_rec, pc, queue == "smem"]
-        (self.vm if queue == "vm" else self.lgkm).append(entry)
+            self._clash(queue, mask)
+            self.overlap = True
+        if queue == "vm":
+            self.vm.append([mask, apply, lds_rec, pc])
+        else:
+            self.lgkm.append([mask, apply, lds_rec, pc, queue == "smem"])
         self.pend |= mask
+
+    def _clash(self, queue, mask):
+        """Report a load into registers with an outstanding load that may complete after it."""
+        q = self.vm if queue == "vm" else self.lgkm
+        other = self.lgkm if queue == "vm" else self.vm
+        clash = [e for e in other if e[0] & mask]
+        if queue == "smem" or any(len(e) > 4 and e[4] for e in q if e[0] & mask):
+            clash += [e for e in q if e[0] & mask]
+        if clash:
+            e = clash[0]
+            raise SanitizerError(
+                "missing-wait", f"overwrites {reg_names(mask & e[0], self.static.acc)} while "
+                f"'{self._text(e[3])}' (pc {e[3]:#x}) into them is outstanding; the two may complete in "
+                f"either order")
 
     def _record(self, lds_rec, pc):
         write, idx, unit = lds_rec
@@ -598,19 +648,30 @@ class WaveSan:
     def _complete(self, e, held):
         apply = e[1]
         if apply is not None:
-            if held is not None and type(apply) is _Part:
-                ks = held.shares.get(apply.load)
-                if ks is None:
-                    held.shares[apply.load] = [apply.k]
+            t = type(apply)
+            if held is not None and (t is _Part or t is GroupLoad):
+                if t is _Part:
+                    ks = held.shares.get(apply.load)
+                    if ks is None:
+                        held.shares[apply.load] = [apply.k]
+                    else:
+                        ks.append(apply.k)
                 else:
-                    ks.append(apply.k)
+                    sl = held.slots.get(apply)
+                    if sl is None:
+                        held.slots[apply] = [self.wave.slot]
+                    else:
+                        sl.append(self.wave.slot)
                 held.mask |= e[0]
             else:
                 # a closure touches only its entry's registers (e[0]; missing waits rely on it): shares of
                 # this wave held for them go first
                 if held is not None and e[0] & held.mask:
                     held.store()
-                apply()
+                if t is GroupLoad:          # an entry the group's waves share: this wave's rows
+                    apply.store_slots((self.wave.slot,))
+                else:
+                    apply()
         if e[2] is not None and self.races is not None:
             self._record(e[2], e[3])
 
@@ -624,26 +685,79 @@ class WaveSan:
 
     def waitcnt(self, vm: int, lgkm: int, held=None):
         """Complete what s_waitcnt vmcnt(vm) lgkmcnt(lgkm) covers. `held` (the group s_waitcnt's _Held)
-        collects GroupLoad shares for after every wave of the group."""
-        changed = False
-        while len(self.vm) > vm:
-            self._complete(self.vm.popleft(), held)
-            changed = True
-        if len(self.lgkm) > lgkm:
-            if lgkm == 0 or not any(e[4] for e in self.lgkm):
-                while len(self.lgkm) > lgkm:
-                    self._complete(self.lgkm.popleft(), held)
+        collects GroupLoad shares for after every wave of the group.
+
+        pend afterwards: when only vm entries completed and some remain, and no outstanding entry was issued
+        over a pending register (`overlap`), the outstanding masks are disjoint, so clearing the completed
+        ones' bits leaves the union of the rest exactly (no scan of a long queue); else the remaining
+        entries are scanned (_repend)."""
+        vmq, lq = self.vm, self.lgkm
+        done = 0            # the completed vm masks, kept only when vm entries remain (vm > 0)
+        if len(vmq) > vm:
+            if held is None:
+                while len(vmq) > vm:
+                    e = vmq.popleft()
+                    if vm:
+                        done |= e[0]
+                    self._complete(e, held)
+            else:
+                slots = held.slots
+                while len(vmq) > vm:
+                    e = vmq.popleft()
+                    if vm:
+                        done |= e[0]
+                    apply = e[1]
+                    if type(apply) is GroupLoad:            # a shared entry's share (_complete, inlined)
+                        sl = slots.get(apply)
+                        if sl is None:
+                            slots[apply] = [self.wave.slot]
+                        else:
+                            sl.append(self.wave.slot)
+                        held.mask |= e[0]
+                    elif apply is not None or e[2] is not None:
+                        self._complete(e, held)
+        elif len(lq) <= lgkm:
+            return
+        scan = False
+        if len(lq) > lgkm:
+            if lgkm == 0 or not any(e[4] for e in lq):
+                if held is None:
+                    while len(lq) > lgkm:
+                        self._complete(lq.popleft(), held)
+                else:
+                    shares, races, wid, cur = held.shares, self.races, self.wave.wave_id, self.cur_pc
+                    while len(lq) > lgkm:
+                        e = lq.popleft()
+                        apply = e[1]
+                        if type(apply) is _Part:            # _complete, inlined for a group's LDS reads
+                            ks = shares.get(apply.load)
+                            if ks is None:
+                                shares[apply.load] = [apply.k]
+                            else:
+                                ks.append(apply.k)
+                            held.mask |= e[0]
+                        elif apply is not None:
+                            self._complete(e, held)
+                            continue
+                        rec = e[2]
+                        if rec is not None and races is not None:       # _record, inlined
+                            races.record(wid, rec[0], rec[1], rec[2], self, e[3], cur)
             else:
                 # SMEM may complete out of order: only LDS operations older than the newest `lgkm` LDS ones
-                lds = [e for e in self.lgkm if not e[4]]
-                done = lds[: max(0, len(lds) - lgkm)]
-                for e in done:
+                lds = [e for e in lq if not e[4]]
+                finished = lds[: max(0, len(lds) - lgkm)]
+                for e in finished:
                     self._complete(e, held)
-                ids = {id(e) for e in done}
-                self.lgkm = deque(e for e in self.lgkm if id(e) not in ids)
-            changed = True
-        if changed:
+                ids = {id(e) for e in finished}
+                self.lgkm = deque(e for e in lq if id(e) not in ids)
+            scan = True
+        if not self.vm and not self.lgkm:
+            self.pend = 0
+            self.overlap = False
+        elif scan or self.overlap or not vm:
             self._repend()
+        else:
+            self.pend &= ~done
 
     def drain(self):
         self.waitcnt(0, 0)
@@ -711,6 +825,55 @@ class WaveSan:
         return inst.text.strip() if inst else "?"
 
 
+def issue_group(waves, mask: int, shared, each=None):
+    """Lockstep: one vm queue entry per wave of a group instruction, issued in the group's order as
+    WaveSan.issue would (a clash reports naming its wave). With `each` None every wave gets the same entry
+    (one list, never mutated), whose apply `shared` is None (a store) or a GroupLoad over exactly these waves
+    (each wave completing it delivers its own rows); else each[n] is wave n's apply (a closure, None, or a
+    GroupLoad holding that wave). The waves share one sanitizer setting (one batch)."""
+    s0 = waves[0].san
+    if s0 is None or not s0.waits:            # delivered now (a GroupLoad holds only waves of the group)
+        if each is None:
+            if shared is not None:
+                shared.store()
+            return
+        stored = set()
+        for apply in each:
+            if type(apply) is GroupLoad:
+                if apply not in stored:
+                    apply.store()
+                    stored.add(apply)
+            elif apply is not None:
+                apply()
+        return
+    pc = s0.cur_pc
+    if each is None:
+        entry = [mask, shared, None, pc]
+        for w in waves:
+            s = w.san
+            if mask & s.pend:
+                try:
+                    s._clash("vm", mask)
+                except Exception as e:
+                    e.wave = w
+                    raise
+                s.overlap = True
+            s.vm.append(entry)
+            s.pend |= mask
+        return
+    for w, apply in zip(waves, each):
+        s = w.san
+        if mask & s.pend:
+            try:
+                s._clash("vm", mask)
+            except Exception as e:
+                e.wave = w
+                raise
+            s.overlap = True
+        s.vm.append([mask, apply, None, pc])
+        s.pend |= mask
+
+
 # ---- instrumenting a program --------------------------------------------------------------------------
 
 class Instrumented:
@@ -756,14 +919,14 @@ def _waitcnt_handler(vm, lgkm):
         held = _Held()
         for w in waves:
             s = w.san
-            if s is not None:
+            if s is not None and (len(s.vm) > vm or len(s.lgkm) > lgkm):
                 held.mask = 0
                 try:
                     s.waitcnt(vm, lgkm, held)
                 except Exception as e:
                     e.wave = w
                     raise
-        if held.shares:
+        if held.shares or held.slots:
             held.store()
     h.group = group
     return h

@@ -102,6 +102,81 @@ def test_memory_check_fast_path_matches_per_lane_search(seed):
 
 
 @pytest.mark.parametrize("seed", range(20))
+def test_memory_check_of_aligned_dwords_matches_per_lane_search(seed):
+    """The shadow's dword-at-a-time form (whole aligned dwords in ranges starting at aligned addresses; some
+    ranges start unaligned and take the byte form) against the per-lane search, reports included."""
+    rng = np.random.default_rng(500 + seed)
+
+    def maps():
+        out, x = [], 4096
+        for i in range(5):
+            n = 4 * int(rng.integers(16, 128))
+            x += 4 * int(rng.integers(0, 3)) + (1 if i == 3 else 0)
+            out.append((x, n, i % 2 == 0 or i == 3))
+            x += n
+        built = []
+        for _ in range(2):
+            rs = []
+            for start, n, fresh in out:
+                sh = None
+                if fresh:
+                    sh = np.zeros(n, np.uint8)
+                    sh[: n // 2] = 1
+                    sh[np.random.default_rng(start).integers(0, n, 4)] = 0
+                rs.append((start, start + n, f"t{start}", sh))
+            built.append(MemoryMap(rs))
+        return built[0], built[1], out
+    mm, ref, ranges = maps()
+    for _ in range(80):
+        start, n, _ = ranges[int(rng.integers(len(ranges)))]
+        nbytes = int(rng.choice([4, 8, 12, 16]))
+        k = int(rng.integers(1, 65))
+        a = (start & ~3) + 4 * rng.integers(-1, n // 4 + (1 if rng.integers(4) == 0 else -3), k)
+        lanes = np.sort(rng.choice(64, k, replace=False))
+        read, write = bool(rng.integers(2)), bool(rng.integers(2))
+        want = _reference_check(ref, a, nbytes, lanes, read, write)
+        got = _outcome(mm, a, nbytes, lanes, read, write)
+        if want is None:
+            assert got is None
+        else:
+            assert got is not None and got[0] == want[0]
+            assert f"{want[1]:#x}" in got[1]
+            if want[0] == "uninitialized":
+                assert got[1].endswith(f"in lane {want[2]}")
+            mm, ref, ranges = maps()
+            continue
+        for x, y in zip(mm.shadows, ref.shadows):
+            assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_wide_mem_read_write_match_bytewise(seed):
+    """mem_read / mem_write's one-element-a-lane forms (4, 8, 16 bytes aligned to their size) against byte
+    gathers and lane-by-lane stores (a later lane wins where two overlap), aligned or not."""
+    from harness.emulator.ops_memory import mem_read, mem_write
+
+    rng = np.random.default_rng(seed)
+    buf = np.zeros(8192, np.uint8)
+    base = (buf.ctypes.data + 63) & ~63
+    lo = base - buf.ctypes.data
+    for _ in range(60):
+        nbytes = int(rng.choice([1, 2, 4, 8, 12, 16]))
+        align = int(rng.choice([1, 4, nbytes]))
+        k = int(rng.integers(1, 65))
+        off = align * rng.integers(0, (4096 - 16) // align, k)
+        a = (base + off).astype(np.int64)
+        data = rng.integers(0, 256, (k, nbytes), dtype=np.uint8)
+        want = buf.copy()
+        for j in range(k):
+            want[lo + off[j]: lo + off[j] + nbytes] = data[j]
+        mem_write(a, data)
+        np.testing.assert_array_equal(buf, want)
+        got = mem_read(a, nbytes)
+        assert got.shape == (k, nbytes) and got.dtype == np.uint8
+        np.testing.assert_array_equal(got, np.stack([buf[lo + o: lo + o + nbytes] for o in off]))
+
+
+@pytest.mark.parametrize("seed", range(20))
 def test_clean_read_is_true_only_when_every_piece_passes(seed):
     rng = np.random.default_rng(100 + seed)
     mm, ref, ranges = _maps(rng)
@@ -210,19 +285,33 @@ def test_all_in_range_many_is_all_in_range_per_wave(seed):
         w.v[5] = rng.integers(0, w.s[10] - 40 if k % 2 else w.s[10] + 8, WAVE).astype(np.uint32)
         waves.append(w)
     seen = set()
-    for off in (0, 12):
-        for nbytes in (1, 2, 4, 8, 12, 16):
-            inst = SimpleNamespace(mods={"offen": True, "offset": str(off)} if off else {"offen": True})
-            ba = BufferAddress(inst, [parse_operand("v5"), parse_operand("s[8:11]"), parse_operand("s20")], 0)
-            many, whole = ba.all_in_range_many(waves, nbytes)
-            for k, w in enumerate(waves):
-                full = w.s[EXEC_LO] == 0xFFFFFFFF and w.s[EXEC_HI] == 0xFFFFFFFF
-                one = ba.all_in_range(w, nbytes) if full else None
-                assert whole[k] == (one is not None), (off, nbytes, k)
-                if one is not None:
-                    np.testing.assert_array_equal(many[k], one)
-            seen |= set(whole.tolist())
-    assert seen == {True, False}
+    for uniform in (False, True):
+        if uniform:     # one descriptor, soffset and EXEC in every wave (all_in_range_many's shortcut)
+            for w in waves:
+                w.s[8:12], w.s[20] = waves[seed % 6].s[8:12], waves[seed % 6].s[20]
+                w.s[EXEC_LO], w.s[EXEC_HI] = waves[1 + seed % 3].s[EXEC_LO], waves[1 + seed % 3].s[EXEC_HI]
+        for off in (0, 12):
+            for nbytes in (1, 2, 4, 8, 12, 16):
+                for soff in ("s20", "0", "0x10"):
+                    inst = SimpleNamespace(mods={"offen": True, "offset": str(off)} if off else {"offen": True})
+                    ba = BufferAddress(inst, [parse_operand("v5"), parse_operand("s[8:11]"), parse_operand(soff)], 0)
+                    many, whole = ba.all_in_range_many(waves, nbytes)
+                    many2, whole2, dw, raw = ba.all_in_range_many(waves, nbytes, lanes=True)
+                    np.testing.assert_array_equal(whole, whole2)
+                    for k, w in enumerate(waves):
+                        full = w.s[EXEC_LO] == 0xFFFFFFFF and w.s[EXEC_HI] == 0xFFFFFFFF
+                        one = ba.all_in_range(w, nbytes) if full else None
+                        assert whole[k] == (one is not None), (off, nbytes, k)
+                        if one is not None:
+                            np.testing.assert_array_equal(many[k], one)
+                        assert raw[k] == (((w.s[9] >> 16) & 0x3FFF) == 0)
+                        if raw[k]:
+                            addr, ok = ba.in_range(w, nbytes)
+                            np.testing.assert_array_equal(many2[k], addr)
+                            if dw is not None:
+                                np.testing.assert_array_equal(dw[k], ok)
+                    seen |= {(uniform, f) for f in whole.tolist()}
+    assert {(False, True), (False, False), (True, False)} <= seen
 
 
 class _PlainShadow:

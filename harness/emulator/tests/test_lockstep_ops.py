@@ -849,6 +849,40 @@ def test_missing_wait_in_a_regrouped_wave_sees_stale_data(monkeypatch):
     assert len(seen) == 2 and all((s == 7).all() for s in seen)
 
 
+def test_group_load_over_an_outstanding_lds_read_names_its_wave():
+    """A buffer load (the group form: one queue entry the waves share) into a register with an LDS read
+    outstanding in wave 1 only: the clash is reported naming wave 1, with the same text, both ways."""
+    body = BUFFER + """
+      v_readfirstlane_b32 s40, v0
+      v_lshlrev_b32 v50, 2, v0
+      s_cmp_eq_u32 s40, 64
+      s_cbranch_scc0 .Lskip
+      ds_read_b32 v30, v50
+    .Lskip:
+      buffer_load_dword v30, v21, s[24:27], 0 offen
+      s_waitcnt vmcnt(0) lgkmcnt(0)
+    """
+    msg = _same_report(body, 1, {"waits"})
+    assert "missing-wait" in msg and "overwrites v30" in msg and "wave 1" in msg, msg
+
+
+def test_waitcnt_keeps_a_register_pending_while_a_newer_load_into_it_is_outstanding():
+    """Two loads into v30 outstanding (legal), vmcnt(1) completes the older: reading v30 is still a missing
+    wait naming the newer load (WaveSan.pend keeps the bits another outstanding entry holds), both ways; and
+    with a disjoint third load the read after vmcnt(1) is clean."""
+    body = BUFFER + """
+      buffer_load_dword v30, v21, s[24:27], 0 offen
+      buffer_load_dword v30, v21, s[24:27], 0 offen offset:4
+      s_waitcnt vmcnt(1)
+      v_mov_b32 v31, v30
+      s_waitcnt vmcnt(0)
+    """
+    msg = _same_report(body, 1, {"waits"})
+    assert "missing-wait" in msg and "offset:4" in msg, msg
+    clean = body.replace("v30, v21, s[24:27], 0 offen offset:4", "v32, v21, s[24:27], 0 offen offset:4")
+    _both(clean, {"sanitize": {"waits"}}, slice(30, 33))
+
+
 def test_lds_race_found_at_a_group_waitcnt_names_its_wave():
     """Every wave writes the same LDS bytes; the writes complete (and are recorded) at one s_waitcnt the
     group runs together: the report names the same wave (the second in slot order), with the same text,
