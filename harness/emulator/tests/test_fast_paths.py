@@ -285,11 +285,16 @@ def test_all_in_range_many_is_all_in_range_per_wave(seed):
         w.v[5] = rng.integers(0, w.s[10] - 40 if k % 2 else w.s[10] + 8, WAVE).astype(np.uint32)
         waves.append(w)
     seen = set()
-    for uniform in (False, True):
-        if uniform:     # one descriptor, soffset and EXEC in every wave (all_in_range_many's shortcut)
+    for uniform in (False, True, "exec"):
+        if uniform is True:     # one descriptor, soffset and EXEC in every wave (all_in_range_many's shortcut)
             for w in waves:
                 w.s[8:12], w.s[20] = waves[seed % 6].s[8:12], waves[seed % 6].s[20]
                 w.s[EXEC_LO], w.s[EXEC_HI] = waves[1 + seed % 3].s[EXEC_LO], waves[1 + seed % 3].s[EXEC_HI]
+        elif uniform == "exec":     # one raw descriptor, every lane in range, EXEC partial in wave 3 only
+            for k, w in enumerate(waves):
+                w.s[9] &= 0xFFFF
+                w.s[EXEC_LO], w.s[EXEC_HI] = 0xFFFFFFFF, 0xFFFFFFFF if k != 3 else 0xFFFF
+                w.v[5] %= np.uint32(w.s[10] - 64)
         for off in (0, 12):
             for nbytes in (1, 2, 4, 8, 12, 16):
                 for soff in ("s20", "0", "0x10"):
@@ -311,7 +316,7 @@ def test_all_in_range_many_is_all_in_range_per_wave(seed):
                             if dw is not None:
                                 np.testing.assert_array_equal(dw[k], ok)
                     seen |= {(uniform, f) for f in whole.tolist()}
-    assert {(False, True), (False, False), (True, False)} <= seen
+    assert {(False, True), (False, False), (True, False), ("exec", True), ("exec", False)} <= seen
 
 
 class _PlainShadow:
