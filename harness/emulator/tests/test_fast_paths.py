@@ -134,13 +134,19 @@ def test_bank_conflict_cache_matches_fresh_count(seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_lds_access_rows_is_lds_access_per_row(seed):
     """A lockstep group's LDS counters (lds_access_rows over (waves, offsets, lanes) addresses) are each
-    access's lds_access: bytes and bank conflicts, cached patterns or fresh."""
+    access's lds_access: bytes and bank conflicts, cached patterns or fresh; groups whose accesses are one
+    pattern shifted by dwords (one lookup), or all but one."""
     rng = np.random.default_rng(300 + seed)
-    for _ in range(40):
+    for _ in range(60):
         nbytes = int(rng.choice([1, 2, 4, 8, 16]))
         shape = (int(rng.integers(1, 9)), int(rng.integers(1, 3)), 64)
         a = (rng.integers(0, 4096, shape) * int(rng.choice([1, 4])) + int(rng.integers(0, 1 << 12))).astype(np.int64)
-        a[0, 0] = a[-1, -1]
+        if rng.random() < 0.5:
+            a = a[:1, :1] + 4 * rng.integers(0, 1 << 10, shape[:2] + (1,))
+            if rng.random() < 0.3:
+                a[-1, -1, int(rng.integers(64))] += 4 * int(rng.integers(1, 32))   # one lane off the pattern
+        else:
+            a[0, 0] = a[-1, -1]
         write = bool(rng.random() < 0.5)
         rows, each = C.Counters(), C.Counters()
         rows.lds_access_rows(a if shape[1] > 1 else a[:, 0], nbytes, write)
