@@ -367,11 +367,14 @@ class LdsShadow:
         checked together (which writer's stamp survives on a byte two waves write does not matter: the
         other's differs)."""
         writes = ([], [], [], [], [])           # per unit: the write records
+        reads = ([], [], [], [], [])
         writers = set()
         for r in recs:
             if r[2]:
                 writes[r[4]].append(r)
                 writers.add(r[1])
+            else:
+                reads[r[4]].append(r)
         if not writers:
             return None                         # reads alone never race
         views = self._views
@@ -390,18 +393,17 @@ class LdsShadow:
         if not race:
             lone = next(iter(writers)) if len(writers) == 1 else -1      # a lone writer's reads see only it
             for u in (4, 1):
-                rs = [r for r in recs if not r[2] and r[4] == u and r[1] != lone]
+                rs = reads[u] if lone < 0 else [r for r in reads[u] if r[1] != lone]
                 if not rs:
                     continue
                 o = views[u][rs[0][3] if len(rs) == 1 else np.concatenate([r[3] for r in rs])]
                 if not o.any():
                     continue                    # no read of a byte written in the epoch
-                for r in rs:
-                    o = views[u][r[3]].view(np.uint8)
-                    if ((o != 0) & (o != r[1] + 1)).any():
-                        race = True
-                        break
-                if race:
+                # each read's bytes against its own wave's stamp (reads of its own writes are no race)
+                own = np.repeat(np.array([r[1] + 1 for r in rs], np.uint8), [r[3].size * u for r in rs])
+                o = o.view(np.uint8)
+                if ((o != 0) & (o != own)).any():
+                    race = True
                     break
         for u, idx, _ in stamped:
             views[u][idx] = 0
