@@ -818,27 +818,42 @@ def build_ds_read_tr(inst, ctx, kind):
 _BYTES = [np.arange(n) for n in range(17)]
 
 
+_last_group: list = [None, None]    # (the waves, _lds_layout of them) of the last group: a group runs many
+
+
+def _lds_layout(waves):
+    """(register slots (W,), each wave's LDS row offset in the batch's flat LDS (W, 1, 1), that array flat),
+    or None when the waves' LDS are not rows of one batch array."""
+    key = tuple(waves)
+    if _last_group[0] == key:
+        return _last_group[1]
+    big = waves[0].lds.base
+    layout = None
+    if big is not None and big.ndim == 2 and all(w.lds.base is big for w in waves):
+        rows = np.fromiter((w.wg.lds_row for w in waves), np.int64, len(waves))
+        layout = _slots(waves), (rows * waves[0].lds_size)[:, None, None], big.reshape(-1)
+    _last_group[:] = key, layout
+    return layout
+
+
 def _lds_group(waves, arow, offsets, nbytes):
     """The group's LDS addresses: (register slots (W,), byte addresses in each wave's LDS (W, K, 64), one
     per offset, flat indices into the batch's LDS array (W, K, 64), that array flat), or None when the
     group runs wave by wave: a lane outside EXEC or an address outside the LDS (lanes that read 0 or are
     dropped alone), or waves whose LDS is not a row of one batch array."""
-    w0 = waves[0]
-    big = w0.lds.base
-    if big is None or big.ndim != 2:
-        return None
     for w in waves:
         s_ = w.s
-        if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF or w.lds.base is not big:
+        if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF:
             return None
-    size = w0.lds_size
-    idx = _slots(waves)
-    base = w0.v.base[idx, arow].astype(np.int64)                                    # (W, 64), >= 0
-    a = base[:, None, :] + np.array(offsets, np.int64)[None, :, None]
-    if int(a.max()) > size - nbytes:
+    layout = _lds_layout(waves)
+    if layout is None:
         return None
-    rows = np.fromiter((w.wg.lds_row for w in waves), np.int64, len(waves))
-    return idx, a, a + (rows * size)[:, None, None], big.reshape(-1)
+    idx, row_offsets, flat = layout
+    base = waves[0].v.base[idx, arow].astype(np.int64)                              # (W, 64), >= 0
+    a = base[:, None, :] + (offsets[0] if len(offsets) == 1 else np.array(offsets, np.int64)[None, :, None])
+    if int(a.max()) > waves[0].lds_size - nbytes:
+        return None
+    return idx, a, a + row_offsets, flat
 
 
 def _lds_gather(flat, f, nbytes):
