@@ -399,12 +399,15 @@ class LdsShadow:
                 o = views[u][rs[0][3] if len(rs) == 1 else np.concatenate([r[3] for r in rs])]
                 if not o.any():
                     continue                    # no read of a byte written in the epoch
-                # each read's bytes against its own wave's stamp (reads of its own writes are no race)
-                own = np.repeat(np.array([r[1] + 1 for r in rs], np.uint8), [r[3].size * u for r in rs])
-                o = o.view(np.uint8)
-                if ((o != 0) & (o != own)).any():
-                    race = True
-                    break
+                # each read's units against its own wave's stamp (reads of its own writes are no race); a dword
+                # neither clear nor wholly its own (bytes of several writers) is checked byte by byte
+                own = np.repeat(np.array([r[1] + 1 for r in rs], _STAMP[u]) * _SPREAD[u], [r[3].size for r in rs])
+                odd = (o != 0) & (o != own)
+                if odd.any():
+                    o, own = o[odd].view(np.uint8), own[odd].view(np.uint8)
+                    if ((o != 0) & (o != own)).any():
+                        race = True
+                        break
         for u, idx, _ in stamped:
             views[u][idx] = 0
         return _Replay(self.size).first_race(recs) if race else None

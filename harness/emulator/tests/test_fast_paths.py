@@ -278,6 +278,21 @@ def _reference_lds_access(sh, wave, idx, write, what):
         sh.r_mask[idx] = sh.r_mask[idx] | bit
 
 
+def test_lds_epoch_check_reads_of_partly_written_dwords():
+    """A dword read meets bytes of a dword only some of which were written (byte records): no race when
+    they are the reader's own, a race when another wave wrote one (the dword-wide check goes byte by byte
+    there)."""
+    def epoch(reader, second_byte):
+        sh = LdsShadow(64)
+        sh.record(0, *lds_record(True, np.array([1]), 1, 64))                 # wave 0 writes byte 1
+        sh.record(1, *lds_record(True, np.array([second_byte]), 1, 64))       # wave 1 writes another byte
+        sh.record(reader, *lds_record(False, np.array([0]), 4, 64), where=7)  # a dword read of bytes 0..3
+        return sh.end_epoch()
+    assert epoch(0, 40) is None
+    assert "reads LDS byte 1, written by wave 0" in str(epoch(1, 40))
+    assert "reads LDS byte 2, written by wave 1" in str(epoch(0, 2))
+
+
 @pytest.mark.parametrize("seed,check_at", [(s, san.CHECK_AT) for s in range(6)] + [(s, 3) for s in range(6, 9)])
 def test_lds_epoch_check_reports_what_access_by_access_does(seed, check_at, monkeypatch):
     """Random epochs of waves 0..15 reading and writing overlapping bytes (dword records of aligned whole
