@@ -104,6 +104,18 @@ def _bank_conflicts(addrs: np.ndarray, nbytes: int) -> int:
     return int(np.maximum(worst - 1, 0).sum())
 
 
+def _row_conflicts(addrs: np.ndarray, rel: np.ndarray, nbytes: int) -> int:
+    """_bank_conflicts of one access, cached by its pattern `rel` (addresses less their first's dword base)."""
+    key = (nbytes, rel.tobytes())
+    extra = _bank_cache.get(key)
+    if extra is None:
+        extra = _bank_conflicts(addrs, nbytes)
+        if len(_bank_cache) >= 1 << 14:
+            _bank_cache.clear()
+        _bank_cache[key] = extra
+    return extra
+
+
 class Counters:
     def __init__(self):
         self.instructions = Counter()        # class -> wave-instructions
@@ -153,23 +165,18 @@ class Counters:
         """lds_access of each access of a lockstep group: rows (..., lanes) int64, one access per row.
         A row's conflict count depends only on its addresses relative to a dword-aligned base (a common
         shift keeps equal dwords equal and rotates the banks), and a few lane patterns recur: cached by
-        pattern."""
+        pattern. A group's waves mostly share one pattern (each wave's addresses shifted): then one lookup."""
         rows = rows.reshape(-1, rows.shape[-1])
         if write:
             self.lds_write_bytes += rows.size * nbytes
         else:
             self.lds_read_bytes += rows.size * nbytes
         rel = rows - (rows[:, :1] & ~3)
-        cache = _bank_cache
+        if len(rows) > 1 and (rel == rel[0]).all():
+            self.lds_bank_conflicts += len(rows) * _row_conflicts(rows[0], rel[0], nbytes)
+            return
         for k in range(len(rows)):
-            key = (nbytes, rel[k].tobytes())
-            extra = cache.get(key)
-            if extra is None:
-                extra = _bank_conflicts(rows[k], nbytes)
-                if len(cache) >= 1 << 14:
-                    cache.clear()
-                cache[key] = extra
-            self.lds_bank_conflicts += extra
+            self.lds_bank_conflicts += _row_conflicts(rows[k], rel[k], nbytes)
 
     def as_dict(self) -> dict:
         return {

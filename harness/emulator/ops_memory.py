@@ -884,49 +884,109 @@ def build_ds_read_tr(inst, ctx, kind):
 _BYTES = [np.arange(n) for n in range(17)]
 
 
+_last_group: list = [None, None]    # (the waves, _lds_layout of them) of the last group: a group runs many
+
+
+def _lds_layout(waves):
+    """(register slots (W,), each wave's LDS row offset in the batch's flat LDS in bytes (W, 1, 1) and in
+    dwords (W, 1, 1, 1), that array flat), or None when the waves' LDS are not rows of one batch array."""
+    key = tuple(waves)
+    if _last_group[0] == key:
+        return _last_group[1]
+    big = waves[0].lds.base
+    layout = None
+    if big is not None and big.ndim == 2 and all(w.lds.base is big for w in waves):
+        rows = np.fromiter((w.wg.lds_row for w in waves), np.int64, len(waves)) * waves[0].lds_size
+        layout = _slots(waves), rows[:, None, None], rows[:, None, None, None] >> 2, big.reshape(-1)
+    _last_group[:] = key, layout
+    return layout
+
+
+_OFFSETS: dict = {}
+_UNIT_TILES: dict = {}
+
+
+def _offsets(offsets):
+    """(the offsets as (K, 1) int64, are they all dword-aligned), per instruction form."""
+    got = _OFFSETS.get(offsets)
+    if got is None:
+        o = np.array(offsets, np.int64)
+        got = _OFFSETS[offsets] = o[:, None], not (o & 3).any()
+    return got
+
+
+def _dword_runs(d, ndw):
+    """(..., ndw) int64: the ndw consecutive dword indices from each of d. A repeat and one flat add of
+    tiled units: broadcasting onto a last axis of 2-4 is several times slower in numpy."""
+    if ndw == 1:
+        return d[..., None]
+    key = (d.size, ndw)
+    units = _UNIT_TILES.get(key)
+    if units is None:
+        units = _UNIT_TILES[key] = np.tile(_BYTES[ndw], d.size)
+    return (np.repeat(d.reshape(-1), ndw) + units).reshape(d.shape + (ndw,))
+
+
+class _LdsGroup:
+    """A lockstep group's LDS access: register slots (W,), byte addresses in each wave's LDS `a` (W, K, 64),
+    one per offset, and the batch's LDS array flat. When the access is whole aligned dwords (and the LDS
+    rows are), one dword index per lane `dwords` (W, K, 64, ndw, in each wave's LDS) serves the gather or
+    scatter and the race records."""
+
+    __slots__ = ("slots", "a", "nbytes", "size", "row_bytes", "row_dwords", "flat", "dwords")
+
+    def __init__(self, layout, base, offsets, nbytes, size):
+        """base: the lanes' address registers (W, 64) uint32; offsets: the access's byte offsets (K)."""
+        self.slots, self.row_bytes, self.row_dwords, self.flat = layout
+        self.nbytes, self.size = nbytes, size
+        column, offsets_aligned = _offsets(offsets)
+        aligned = offsets_aligned and not (nbytes & 3 or size & 3 or np.bitwise_or.reduce(base, axis=None) & 3)
+        self.a = base.astype(np.int64)[:, None, :] + column                            # (W, K, 64)
+        self.dwords = _dword_runs(self.a >> 2, nbytes >> 2) if aligned else None
+
+    def gather(self):
+        """(W, K, 64, nbytes) uint8 LDS bytes."""
+        if self.dwords is not None:
+            return self.flat.view(U32).take(self.dwords + self.row_dwords).view(np.uint8)
+        return self.flat[(self.a + self.row_bytes)[..., None] + _BYTES[self.nbytes]]
+
+    def scatter(self, data):
+        """Store (W, K, 64, nbytes) uint8 in C order (a later wave, offset or lane wins where two overlap, as
+        wave by wave)."""
+        if self.dwords is not None:
+            self.flat.view(U32)[self.dwords + self.row_dwords] = np.ascontiguousarray(data).view(U32)
+        else:
+            self.flat[(self.a + self.row_bytes)[..., None] + _BYTES[self.nbytes]] = data
+
+    def record(self, write):
+        """lds_record of the group's addresses (every lane inside the LDS): (write, (W, -1) indices, unit)."""
+        if self.dwords is not None:
+            return write, self.dwords.reshape(len(self.slots), -1), 4
+        return lds_record(write, self.a, self.nbytes, self.size, inside=True)
+
+
 def _lds_group(waves, arow, offsets, nbytes):
-    """The group's LDS addresses: (register slots (W,), byte addresses in each wave's LDS (W, K, 64), one
-    per offset, flat indices into the batch's LDS array (W, K, 64), that array flat), or None when the
-    group runs wave by wave: a lane outside EXEC or an address outside the LDS (lanes that read 0 or are
-    dropped alone), or waves whose LDS is not a row of one batch array."""
-    w0 = waves[0]
-    big = w0.lds.base
-    if big is None or big.ndim != 2:
-        return None
+    """The group's _LdsGroup, or None when the group runs wave by wave: a lane outside EXEC or an address
+    outside the LDS (lanes that read 0 or are dropped alone), or waves whose LDS is not a row of one batch
+    array."""
     for w in waves:
         s_ = w.s
-        if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF or w.lds.base is not big:
+        if s_[EXEC_LO] != 0xFFFFFFFF or s_[EXEC_HI] != 0xFFFFFFFF:
             return None
-    size = w0.lds_size
-    idx = _slots(waves)
-    base = w0.v.base[idx, arow].astype(np.int64)                                    # (W, 64), >= 0
-    a = base[:, None, :] + np.array(offsets, np.int64)[None, :, None]
-    if int(a.max()) > size - nbytes:
+    layout = _lds_layout(waves)
+    if layout is None:
         return None
-    rows = np.fromiter((w.wg.lds_row for w in waves), np.int64, len(waves))
-    return idx, a, a + (rows * size)[:, None, None], big.reshape(-1)
+    size = waves[0].lds_size
+    base = waves[0].v.base[layout[0], arow]                                         # (W, 64) uint32
+    if int(base.max()) + max(offsets) > size - nbytes:
+        return None
+    return _LdsGroup(layout, base, offsets, nbytes, size)
 
 
-def _lds_gather(flat, f, nbytes):
-    """(..., nbytes) uint8 LDS bytes at the flat indices f."""
-    if nbytes % 4 == 0 and flat.size % 4 == 0 and not (f & 3).any():
-        return flat.view(U32)[(f >> 2)[..., None] + _BYTES[nbytes // 4]].view(np.uint8)
-    return flat[f[..., None] + _BYTES[nbytes]]
-
-
-def _lds_scatter(flat, f, data):
-    """Store (..., nbytes) uint8 at the flat indices f, in C order (a later wave, offset or lane wins where
-    two overlap, as wave by wave)."""
-    nbytes = data.shape[-1]
-    if nbytes % 4 == 0 and flat.size % 4 == 0 and not (f & 3).any():
-        flat.view(U32)[(f >> 2)[..., None] + _BYTES[nbytes // 4]] = np.ascontiguousarray(data).view(U32)
-    else:
-        flat[f[..., None] + _BYTES[nbytes]] = data
-
-
-def _lds_deliver(waves, mask, shares, a, nbytes, write):
-    """Each wave's result (shares: a GroupLoad, one closure per wave, or None) and race record through its
-    own queue, in the group's order (as alone); without the sanitizer a GroupLoad is one store now."""
+def _lds_deliver(waves, mask, shares, g, write):
+    """Each wave's result (shares: a GroupLoad, one closure per wave, or None) and race record of the group
+    access g through its own queue, in the group's order (as alone); without the sanitizer a GroupLoad is
+    one store now."""
     if isinstance(shares, GroupLoad):
         if waves[0].san is None:
             shares.store()
@@ -935,7 +995,7 @@ def _lds_deliver(waves, mask, shares, a, nbytes, write):
     s0 = waves[0].san           # one batch, one set of detectors
     races = s0 is not None and s0.races is not None
     if races:
-        _, idx, unit = lds_record(write, a, nbytes, waves[0].lds_size, inside=True)   # _lds_group: inside
+        _, idx, unit = g.record(write)
     for n, w in enumerate(waves):
         try:
             _deliver(w, "lds", mask, shares[n] if shares is not None else None,
@@ -977,11 +1037,9 @@ def build_ds_pair(inst, ctx, kind):
             g = _lds_group(waves, arow, (o0, o1), size)
             if g is None:
                 return _one_by_one(h, waves)
-            idx, a, f, flat = g
-            n = len(waves)
-            rows = _lds_gather(flat, f, size).view(U32).transpose(0, 1, 3, 2).reshape(n, 2 * ndw, WAVE)
-            counters.lds_access_rows(a, size, write=False)
-            _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, idx, drow, rows), a, size, False)
+            rows = g.gather().view(U32).transpose(0, 1, 3, 2).reshape(len(waves), 2 * ndw, WAVE)
+            counters.lds_access_rows(g.a, size, write=False)
+            _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, g.slots, drow, rows), g, False)
         h.group = group
         return h
     arow, r0, r1 = row_of(ops[0], acc), row_of(ops[1], acc), row_of(ops[2], acc)
@@ -1000,13 +1058,12 @@ def build_ds_pair(inst, ctx, kind):
         g = _lds_group(waves, arow, (o0, o1), size)
         if g is None:
             return _one_by_one(h, waves)
-        idx, a, f, flat = g
         regs = waves[0].v.base
-        data = np.stack([regs[idx, r0: r0 + ndw], regs[idx, r1: r1 + ndw]], axis=1)      # (W, 2, ndw, 64)
-        _lds_scatter(flat, f, np.ascontiguousarray(data.transpose(0, 1, 3, 2)).view(np.uint8))
-        counters.lds_access_rows(a, size, write=True)
+        data = np.stack([regs[g.slots, r0: r0 + ndw], regs[g.slots, r1: r1 + ndw]], axis=1)  # (W, 2, ndw, 64)
+        g.scatter(np.ascontiguousarray(data.transpose(0, 1, 3, 2)).view(np.uint8))
+        counters.lds_access_rows(g.a, size, write=True)
         if waves[0].san is not None:
-            _lds_deliver(waves, 0, None, a, size, True)
+            _lds_deliver(waves, 0, None, g, True)
     h.group = group
     return h
 
@@ -1036,15 +1093,14 @@ def build_ds_rw(inst, ctx, kind):
             g = _lds_group(waves, arow, (offset,), nbytes)
             if g is None:
                 return _one_by_one(h, waves)
-            idx, a, f, flat = g
-            data = _lds_gather(flat, f[:, 0], nbytes)                   # (W, 64, nbytes)
-            counters.lds_access_rows(a, nbytes, write=False)
+            data = g.gather()[:, 0]                                     # (W, 64, nbytes)
+            counters.lds_access_rows(g.a, nbytes, write=False)
             if nbytes >= 4:             # whole dwords: one GroupLoad
-                shares = _dword_load(waves, idx, drow, data)
+                shares = _dword_load(waves, g.slots, drow, data)
             else:
                 shares = [lambda w=w, d=data[k]: _bytes_to_rows(w, drow, d, _ALL, nbytes, sext, d16)
                           for k, w in enumerate(waves)]
-            _lds_deliver(waves, dmask, shares, a[:, 0], nbytes, False)
+            _lds_deliver(waves, dmask, shares, g, False)
         h.group = group
         return h
     arow, drow = row_of(ops[0], acc), row_of(ops[1], acc)
@@ -1067,18 +1123,18 @@ def build_ds_rw(inst, ctx, kind):
         g = _lds_group(waves, arow, (offset,), nbytes)
         if g is None:
             return _one_by_one(h, waves)
-        idx, a, f, flat = g
         regs = waves[0].v.base
         n = len(waves)
         if hi:
-            data = (regs[idx, drow] >> U32(16)).view(np.uint8).reshape(n, WAVE, 4)[:, :, :nbytes]
+            data = (regs[g.slots, drow] >> U32(16)).view(np.uint8).reshape(n, 1, WAVE, 4)[..., :nbytes]
         else:
             nd = (nbytes + 3) // 4
-            data = np.ascontiguousarray(regs[idx, drow: drow + nd].transpose(0, 2, 1)).view(np.uint8)[:, :, :nbytes]
-        _lds_scatter(flat, f[:, 0], data)
-        counters.lds_access_rows(a, nbytes, write=True)
+            data = np.ascontiguousarray(regs[g.slots, drow: drow + nd].transpose(0, 2, 1)).view(np.uint8)
+            data = data.reshape(n, 1, WAVE, 4 * nd)[..., :nbytes]
+        g.scatter(data)
+        counters.lds_access_rows(g.a, nbytes, write=True)
         if waves[0].san is not None:
-            _lds_deliver(waves, 0, None, a[:, 0], nbytes, True)
+            _lds_deliver(waves, 0, None, g, True)
     h.group = group
     return h
 
@@ -1160,10 +1216,8 @@ def _ds_read_tr(inst, ctx, ops, offset, bits):
         g = _lds_group(waves, arow, (offset,), 8)
         if g is None:
             return _one_by_one(h, waves)
-        idx, a, f, flat = g
-        res = mfma.ds_read_tr(bits, _lds_gather(flat, f[:, 0], 8)).view(U32)      # (W, 64, 2)
-        counters.lds_access_rows(a, 8, write=False)
-        _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, idx, drow, res.transpose(0, 2, 1)), a[:, 0], 8,
-                     False)
+        res = mfma.ds_read_tr(bits, g.gather()[:, 0]).view(U32)                   # (W, 64, 2)
+        counters.lds_access_rows(g.a, 8, write=False)
+        _lds_deliver(waves, dmask, GroupLoad(waves[0].v.base, g.slots, drow, res.transpose(0, 2, 1)), g, False)
     h.group = group
     return h

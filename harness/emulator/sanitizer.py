@@ -383,11 +383,14 @@ class LdsShadow:
         checked together (which writer's stamp survives on a byte two waves write does not matter: the
         other's differs)."""
         writes = ([], [], [], [], [])           # per unit: the write records
+        reads = ([], [], [], [], [])
         writers = set()
         for r in recs:
             if r[2]:
                 writes[r[4]].append(r)
                 writers.add(r[1])
+            else:
+                reads[r[4]].append(r)
         if not writers:
             return None                         # reads alone never race
         views = self._views
@@ -406,19 +409,21 @@ class LdsShadow:
         if not race:
             lone = next(iter(writers)) if len(writers) == 1 else -1      # a lone writer's reads see only it
             for u in (4, 1):
-                rs = [r for r in recs if not r[2] and r[4] == u and r[1] != lone]
+                rs = reads[u] if lone < 0 else [r for r in reads[u] if r[1] != lone]
                 if not rs:
                     continue
                 o = views[u][rs[0][3] if len(rs) == 1 else np.concatenate([r[3] for r in rs])]
                 if not o.any():
                     continue                    # no read of a byte written in the epoch
-                for r in rs:
-                    o = views[u][r[3]].view(np.uint8)
-                    if ((o != 0) & (o != r[1] + 1)).any():
+                # each read's units against its own wave's stamp (reads of its own writes are no race); a dword
+                # neither clear nor wholly its own (bytes of several writers) is checked byte by byte
+                own = np.repeat(np.array([r[1] + 1 for r in rs], _STAMP[u]) * _SPREAD[u], [r[3].size for r in rs])
+                odd = (o != 0) & (o != own)
+                if odd.any():
+                    o, own = o[odd].view(np.uint8), own[odd].view(np.uint8)
+                    if ((o != 0) & (o != own)).any():
                         race = True
                         break
-                if race:
-                    break
         for u, idx, _ in stamped:
             views[u][idx] = 0
         return _Replay(self.size).first_race(recs) if race else None

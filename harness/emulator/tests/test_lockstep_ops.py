@@ -554,7 +554,8 @@ def test_compares_and_selects(opts):
 # LDS in every group form (ds_write/ds_read of each size, d16 halves and sign extension, unaligned bytes,
 # write2/read2 b32/b64/st64), with lanes of one wave overlapping (the later lane wins), waves of both
 # workgroups in one batch (each its own LDS), reads of another wave's bytes after a barrier, partial EXEC,
-# and lanes of wave 3 outside the LDS (writes dropped, reads 0): those last two run wave by wave
+# and lanes of wave 3 outside the LDS (writes dropped, reads 0; one read only through its offset): those last
+# two run wave by wave
 LDS = """
   v_lshlrev_b32 v20, 4, v0
   v_mul_u32_u24 v21, 5, v0
@@ -622,6 +623,9 @@ LDS = """
   ds_read_b64 v[74:75], v46 offset:2048
   ds_read_b96 v[76:78], v41
   ds_read_b32 v79, v32
+  v_lshlrev_b32 v34, 2, v0
+  v_add_u32 v34, 0xf000, v34
+  ds_read_b32 v83, v34 offset:3200
   s_waitcnt lgkmcnt(0)
   v_and_b32 v22, 0x3f, v0
   v_cmp_lt_u32 s[30:31], 20, v22
@@ -640,13 +644,14 @@ LDS = """
 
 @pytest.mark.parametrize("opts", SANITIZE, ids=IDS)
 def test_lds_reads_and_writes_every_form(opts):
-    v, c, _ = _both(LDS, opts, slice(50, 83))
+    v, c, _ = _both(LDS, opts, slice(50, 84))
     assert c["lds_read_bytes"] > 0 and c["lds_write_bytes"] > 0 and c["lds_bank_conflicts"] > 0
     # wave 0 read wave 1's ds_write_b128 (thread t + 64); wave 3 (threads 192..) lanes past the LDS read 0
     t = 64 + np.arange(64)
     np.testing.assert_array_equal(v[0][0], _inputs()[t] ^ t)
     tid = 192 + np.arange(64)
     assert not v[3][29][4 * tid + 0xfc18 + 4 > 65536].any() and v[3][29][4 * tid + 0xfc18 + 4 <= 65536].any()
+    assert not v[3][33][4 * tid + 0xfc80 + 4 > 65536].any()       # outside only through the offset
     assert not v[1][5][:21].any() and v[1][5][21:].all()            # partial EXEC: old (0) outside
     assert not np.array_equal(v[0], v[4])                           # the workgroups' LDS differ
 
@@ -895,6 +900,25 @@ def test_lds_race_found_at_a_group_waitcnt_names_its_wave():
     """
     msg = _same_report(body, 1, {"waits", "races"})
     assert "lds-race" in msg and "wave 1 pc" in msg
+
+
+@pytest.mark.parametrize("write", ["ds_write_b128 v22, v[24:27]", "ds_write2_b64 v22, v[24:25], v[26:27] offset1:1",
+                                   "ds_write2st64_b64 v22, v[24:25], v[26:27] offset1:1"])
+def test_lds_race_on_a_later_dword_of_a_wide_access(write):
+    """Lane l of wave w writes 16 bytes (or a b64 pair) from byte 16 l + 12 w: a wave's writes meet the last
+    wave's only past their first dword. The group form's race records hold every dword of every lane, as
+    alone (same report both ways)."""
+    body = f"""
+      v_and_b32 v20, 0x3f, v0
+      v_lshlrev_b32 v22, 4, v20
+      v_lshrrev_b32 v23, 6, v0
+      v_mul_u32_u24 v23, 12, v23
+      v_add_u32 v22, v22, v23
+      {write}
+      s_waitcnt lgkmcnt(0)
+    """
+    msg = _same_report(body, 1, {"waits", "races"})
+    assert "lds-race" in msg and "written by wave 0" in msg, msg
 
 
 def test_lds_race_reports_before_a_later_error_of_its_epoch():
