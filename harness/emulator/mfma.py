@@ -59,9 +59,14 @@ Layout evidence (lane l, element e of the lane, registers packed low bits first)
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
 import re
+import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -439,27 +444,66 @@ def _cd_gather(M: int):
     return perm
 
 
+class _Recent:
+    """An operand of a whole group that fast_executor's lockstep form met lately (_RecentOperands): its form,
+    wave count, register rows and scale rows (copies: (waves, regs, 64) and (waves, 64) uint32), its values,
+    and what the calls that met it learnt about the group's B operands (b_part, _distinct_rows' answer for the
+    last B: the MFMAs of a K-step meet one grouping of B tiles)."""
+
+    __slots__ = ("key", "regs", "scales", "value", "b_part", "_data")
+
+    def __init__(self, key, regs, scales, value):
+        self.key, self.regs, self.scales, self.value = key, regs, scales, value
+        self.b_part = self._data = None
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            self._data = _RecentOperands.data(self.regs, self.scales)
+        return self._data
+
+
 class _RecentOperands:
-    """The A operands fast_executor's `many` decoded (and scaled) last: the MFMAs of one K-step often multiply
-    one A tile, with the same scales, by several B tiles, and lockstep interleaves a few wave groups between
-    barriers. Equal form, register bytes and scale registers give equal values, so a kept copy is reused as it
-    is (never written: it only enters the product)."""
+    """The A operands fast_executor's lockstep form decoded (and scaled) last: the MFMAs of one K-step often
+    multiply one A tile, with the same scales, by several B tiles, and lockstep interleaves a few wave groups
+    between barriers. Equal form, register bytes and scale bytes give equal values, so a kept copy is reused
+    as it is (never written: it only enters the product)."""
 
     def __init__(self, size=4):
-        self.size, self.entries = size, []          # (key, regs, scales, value), the newest first
+        self.size, self.entries = size, []          # _Recent, the newest first
+
+    @staticmethod
+    def data(regs, scales) -> bytes:
+        """What decides the values besides the form: the shape, the register bytes and the scale bytes."""
+        return repr(regs.shape).encode() + regs.tobytes() + (b"" if scales is None else scales.tobytes())
 
     def get(self, key, regs, scales):
-        for n, (k, r, x, value) in enumerate(self.entries):
-            if k == key and np.array_equal(r, regs) and (x is None or np.array_equal(x, scales)):
+        """The entry of this form whose rows equal these arrays', or None."""
+        data = self.data(regs, scales)
+        return self._first(lambda e: e.key == key and e.data == data)
+
+    def get_at(self, key, nw, lib, a_src, s_src):
+        """get() for operands at sources of the compiled library (_Sources): its rows compared in place."""
+        def same(e):
+            return (e.key == key and len(e.regs) == nw and a_src.equal(lib, e.regs)
+                    and (s_src is None or s_src.equal(lib, e.scales)))
+        return self._first(same)
+
+    def _first(self, match):
+        for n, e in enumerate(self.entries):
+            if match(e):
                 if n:
                     self.entries.insert(0, self.entries.pop(n))
-                return value
+                return e
         return None
 
     def put(self, key, regs, scales, value):
-        # copies: a caller's arrays may be views of the register file, which later instructions write
-        self.entries.insert(0, (key, regs.copy(), None if scales is None else scales.copy(), value))
+        """Keep copies (a caller's arrays may be views of the register file, which later instructions
+        write)."""
+        e = _Recent(key, regs.copy(), None if scales is None else scales.copy(), value)
+        self.entries.insert(0, e)
         del self.entries[self.size:]
+        return e
 
 
 _RECENT_A = _RecentOperands()
@@ -472,20 +516,299 @@ def _plans_for_current_layouts():
     (test_upstream_evidence) must get plans from it, and the code after it plans from the restored one."""
     layouts = (_ab_layout, _cd_layout)
     if _PLANNED_FROM[0] != layouts:
-        for cached in (_gather_plan, _half_plan, _byte_decoder, _cd_gather):
+        for cached in (_gather_plan, _half_plan, _byte_decoder, _cd_gather, _fp4_b_plan, _cd_axes, _cd_row_starts):
             cached.cache_clear()
         _PLANNED_FROM[0] = layouts
     return layouts
 # waves per numpy pass in fast_executor's many: a 16x16x128 operand is 16 KiB of float64 per wave, and a few
 # such temporaries per pass fall out of a CPU core's cache past ~8 waves (README.md: Speed)
 MANY_WAVES = 8
+# odd 64-bit multipliers: a row's hash is the wrapping dot product of its 64-bit words with these
+_ROW_HASH = (np.random.default_rng(0x6D666D61).integers(0, 1 << 62, 2048, dtype=np.uint64) << np.uint64(1)) | 1
+_ALL_DISTINCT = ()              # a _Recent.b_part: no two B operands of the group were equal (or too few)
+# B operands are decoded once per distinct wave only when at most this share of the group's are distinct
+# (checking the equal ones costs about what decoding a third of them saves)
+DEDUPE_AT = 0.5
+_ROWS_A = {}                    # (mnemonic, A format, scale byte) -> _RowCache of decoded, scaled A rows
+ROW_CACHE = 512                 # rows a _RowCache keeps (16 KiB of float64 each for the f8f6f4 forms)
+
+
+def _row_hashes(parts, n):
+    """Each wave's hash over its bytes in every part (the parts' rows whole 64-bit words): a list of n ints,
+    or None when the rows are longer than _ROW_HASH."""
+    h, off = None, 0
+    for p in parts:
+        words = p.reshape(n, -1).view(np.uint64)
+        if off + words.shape[1] > _ROW_HASH.size:
+            return None
+        x = words @ _ROW_HASH[off: off + words.shape[1]]
+        h = x if h is None else h + x
+        off += words.shape[1]
+    return h.tolist()
+
+
+def _same_rows(parts, dup, rep) -> bool:
+    """Are the bytes of wave dup[i] those of wave rep[i], for every i and part?"""
+    for p in parts:
+        if not (p.take(dup, axis=0) == p.take(rep, axis=0)).all():
+            return False
+    return True
+
+
+def _classes(h, waves):
+    """(first, inverse) of the hash values h[i] of these waves: first[j] the first wave of the j-th distinct
+    value, inverse[k] the class of waves[k]."""
+    seen, first, inv = {}, [], []
+    for i in waves:
+        j = seen.get(h[i])
+        if j is None:
+            j = seen[h[i]] = len(first)
+            first.append(i)
+        inv.append(j)
+    return np.array(first, np.intp), np.array(inv, np.intp)
+
+
+def _distinct_rows(*parts):
+    """The equal waves of a group (lockstep: the waves of a workgroup often read one staged tile). parts:
+    (waves, ...) C-contiguous arrays, or None (skipped), each wave's bytes whole 64-bit words; waves are equal
+    when every part's bytes are. _ALL_DISTINCT when no two waves are found equal, else (first, inverse, dup,
+    rep): intp arrays with first[j] the first wave of the j-th distinct row (increasing), wave i equal to wave
+    first[inverse[i]], and dup the waves that are not first, rep their first. A hash of each row finds the
+    candidates and a byte compare confirms them (on a hash collision between different rows the waves are
+    all taken as distinct: only the dedupe is lost)."""
+    parts = [p for p in parts if p is not None]
+    n = parts[0].shape[0]
+    h = _row_hashes(parts, n)
+    if h is None:
+        return _ALL_DISTINCT
+    first, inv = _classes(h, range(n))
+    if len(first) == n:
+        return _ALL_DISTINCT
+    rep = first.take(inv)
+    dup = np.flatnonzero(rep != np.arange(n))
+    rep = rep.take(dup)
+    if not _same_rows(parts, dup, rep):
+        return _ALL_DISTINCT
+    return first, inv, dup, rep
+
+
+class _RowCache:
+    """Decoded (scaled) operand rows by content, for the rows that come back in other groups (lockstep
+    regroups waves at barriers and between workgroup batches; a token tile's A meets many groups). `cap`
+    rows, the oldest replaced first; a row is found by its hash and taken only when its bytes are equal."""
+
+    def __init__(self, cap, shape):
+        self.cap, self.shape = cap, shape
+        self.vals = self.keys = None
+        self.slot_of, self.hash_of, self.next = {}, [None] * cap, 0
+
+    def stack(self, parts, decode):
+        """(waves, *shape): decode(*rows) for each wave, rows the wave's slice of every part (C-contiguous
+        (waves, ...) arrays or None), decoded only for the distinct rows this cache does not hold."""
+        parts = [p for p in parts if p is not None]
+        n = parts[0].shape[0]
+        h = _row_hashes(parts, n)
+        if h is None or n > self.cap // 4:
+            d = _distinct_rows(*parts)
+            if d is _ALL_DISTINCT:
+                return decode(*parts)
+            return decode(*[p.take(d[0], axis=0) for p in parts]).take(d[1], axis=0)
+        key = np.concatenate([p.reshape(n, -1).view(np.uint8) for p in parts], axis=1)
+        if self.vals is None or self.keys.shape[1] != key.shape[1]:
+            self.vals = np.empty((self.cap,) + self.shape)
+            self.keys = np.empty((self.cap, key.shape[1]), np.uint8)
+            self.slot_of, self.hash_of = {}, [None] * self.cap
+        slots = np.array([self.slot_of.get(x, -1) for x in h], np.intp)
+        hit = np.flatnonzero(slots >= 0)
+        if hit.size == n and (self.keys.take(slots, axis=0) == key).all():
+            return self.vals.take(slots, axis=0)
+        out = np.empty((n,) + self.shape)
+        if hit.size:
+            ok = (self.keys.take(slots.take(hit), axis=0) == key.take(hit, axis=0)).all(axis=1)
+            hit = hit[ok]
+            out[hit] = self.vals.take(slots.take(hit), axis=0)
+            slots[:] = -1
+            slots[hit] = 0
+        new = np.flatnonzero(slots < 0)
+        # the rows to decode: distinct among the new ones (hash, then bytes)
+        first, inv = _classes(h, new.tolist())
+        if not np.array_equal(key.take(new, axis=0), key.take(first.take(inv), axis=0)):
+            first, inv = new, np.arange(new.size)
+        vals = decode(*[p.take(first, axis=0) for p in parts])
+        out[new] = vals.take(inv, axis=0)
+        for j, i in enumerate(first.tolist()):      # kept after the hits are read: a new row may replace one
+            s = self.next
+            self.next = (s + 1) % self.cap
+            old = self.hash_of[s]
+            if old is not None and self.slot_of.get(old) == s:
+                del self.slot_of[old]
+            self.slot_of[h[i]] = s
+            self.hash_of[s] = h[i]
+            self.keys[s] = key[i]
+            self.vals[s] = vals[j]
+        return out
+
+
+@lru_cache(maxsize=None)
+def _fp4_pair_table() -> np.ndarray:
+    """(65536, 2) float64: row 256 * s + byte = the byte's two FP4 E2M1 values (low nibble first) times
+    E8M0 s. Every product is exact (FP4 has no NaN or inf, a scale is a power of two or NaN, and x * NaN is
+    that NaN), so these are the bits of execute()'s B * SB whatever loop computes them."""
+    lut, e8m0 = numerics._LUT64["fp4_e2m1"], numerics._LUT64["e8m0"]
+    byte = np.arange(256)
+    pair = np.stack([lut[byte & 0xF], lut[byte >> 4]], axis=1)
+    with np.errstate(invalid="ignore"):
+        return np.ascontiguousarray((pair[None, :, :] * e8m0[:, None, None]).reshape(65536, 2))
+
+
+@lru_cache(maxsize=None)
+def _fp4_b_plan(mnemonic: str):
+    """For an FP4 B operand (f8f6f4 forms): (nregs, reg_shape, axes) such that the value pairs of the register
+    bytes (_fp4_pair_table rows, register-major: (nregs, 64 lanes, 4 bytes, 2 nibbles)) viewed as reg_shape
+    and transposed by axes are B (K, N) in C order, and every element is scaled by its own lane's byte
+    (lane l scales column l % N of K-block l // N, the 32 K values it holds); None when the layout is not
+    that (then the generic gather). mfma_decode.c's fp4_b_operand is written for this layout."""
+    f = _form(mnemonic)
+    plan = _gather_plan(mnemonic, "fp4_e2m1", "b")
+    if not f.f8f6f4 or plan is None:
+        return None
+    nregs, byte_index, shift = plan
+    N, G = f.N, 64 // f.N
+    reg_shape, axes = (nregs, G, N, 4, 2), (1, 0, 3, 4, 2)     # (reg, group, n, byte, nibble) -> (g, r, b, h, n)
+    src = np.arange(nregs * 512).reshape(reg_shape).transpose(axes).ravel()
+    if f.K != 32 * G or not np.array_equal(src, 2 * byte_index + (shift >> 2)):
+        return None
+    lane = (src // 8) % 64                                    # the lane whose register byte holds the element
+    k, n = np.divmod(np.arange(f.K * N), N)
+    if not np.array_equal(lane, (k // 32) * N + n):
+        return None
+    return nregs, reg_shape, axes
+
+
+@lru_cache(maxsize=None)
+def _cd_axes(M: int):
+    """(reg_shape, axes) with D (M, N) in C order = the C/D registers (nregs, 64) viewed as reg_shape and
+    transposed by axes (the permutation _cd_gather indexes), or None."""
+    cand = {16: ((4, 4, 16), (1, 0, 2)), 32: ((4, 4, 2, 32), (0, 2, 1, 3))}.get(M)
+    if cand is None:
+        return None
+    shape, axes = cand
+    if not np.array_equal(np.arange(M * M).reshape(shape).transpose(axes).ravel(), _cd_gather(M)):
+        return None
+    return cand
+
+
+@lru_cache(maxsize=None)
+def _cd_row_starts(M: int) -> np.ndarray:
+    """int32 (M,): row i of D (M, N) is the N register values (register r, lane l at r * 64 + l) from
+    start[i] on (the compiled C/D conversions rely on it: checked against _cd_layout here)."""
+    row, col = _cd_layout(M)
+    pos = np.empty((M, M), np.int64)
+    pos[row, col] = np.arange(row.size).reshape(row.shape)
+    if not (np.diff(pos, axis=1) == 1).all():
+        raise NotImplementedError(f"C/D rows of {M}x{M} are not consecutive register values")
+    return np.ascontiguousarray(pos[:, 0], np.int32)
+
+
+# ------------------------------------------------------------------------------ compiled lockstep steps
+
+_DECODE_SOURCE = Path(__file__).resolve().parent / "mfma_decode.c"
+_decode_lib = None              # the loaded library, False when it cannot be built (numpy forms then)
+C_DECODE = os.environ.get("AMD_KERNELS_EMULATOR_C", "1") != "0"     # tests set False to run the numpy forms
+_P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_SRC = [_P, _L, _P, _L]                                  # an operand source: base, stride, idx, offset
+_SIGNATURES = {
+    "rows_equal": ([_I] + _SRC + [_L, _P], _I),
+    "rows_gather": ([_I] + _SRC + [_L, _P], None),
+    "fp4_b_operand": ([_I, _I, _I] + _SRC + _SRC + [_I, _P, _P, _P], None),
+    "f32_to_f64": ([_I, _I, _I] + _SRC + [_P, _P], None),
+    "f64_to_f32": ([_I, _I, _I, _P, _P] + _SRC, None),
+}
+
+
+def _build_decode_lib():
+    """Compile mfma_decode.c into .cache/emulator/ (keyed by a hash of its source; built to a temp name
+    and renamed, as shim.py does) and load it."""
+    from harness.toolchain import CACHE
+    src = _DECODE_SOURCE.read_bytes()
+    out_dir = CACHE / "emulator" / f"mfma-{hashlib.sha256(src).hexdigest()[:16]}"
+    lib = out_dir / "libmfma_decode.so"
+    if not lib.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / f"libmfma_decode.so.{os.getpid()}.tmp"
+        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(tmp), str(_DECODE_SOURCE)],
+                       check=True, capture_output=True)
+        tmp.replace(lib)
+    dll = ctypes.CDLL(str(lib))
+    for name, (args, res) in _SIGNATURES.items():
+        fn = getattr(dll, name)
+        fn.argtypes, fn.restype = args, res
+    return dll
+
+
+def decode_lib():
+    """The compiled lockstep steps (mfma_decode.c), or None when C_DECODE is off or no C compiler built them
+    (then the numpy forms run: the same bits)."""
+    global _decode_lib
+    if not C_DECODE:
+        return None
+    if _decode_lib is None:
+        try:
+            _decode_lib = _build_decode_lib()
+        except (OSError, subprocess.SubprocessError):
+            _decode_lib = False
+    return _decode_lib or None
+
+
+class Rows:
+    """Where the library finds an operand of each wave of a group: `nrows` register rows (256 bytes each)
+    from row `row` of slot idx[k] of `base`, a (slots, registers, 64) uint32 array whose last two axes are
+    C-contiguous (a batch's register file; a (waves, registers, 64) array with idx 0, 1, ...; one operand
+    shared by every wave, broadcast with stride 0)."""
+
+    __slots__ = ("base", "ptr", "stride", "idx", "idx_ptr", "off", "nbytes")
+
+    def __init__(self, base, idx, row, nrows, ptr=None, idx_ptr=None):
+        self.base, self.idx = base, idx
+        self.ptr = base.ctypes.data if ptr is None else ptr
+        self.idx_ptr = idx.ctypes.data if idx_ptr is None else idx_ptr
+        self.stride, self.off, self.nbytes = base.strides[0], 256 * row, 256 * nrows
+
+    def args(self):
+        return self.ptr, self.stride, self.idx_ptr, self.off
+
+    def equal(self, lib, kept) -> bool:
+        """Are the rows of every wave the bytes of kept ((waves, ...) C-contiguous)?"""
+        return bool(lib.rows_equal(len(self.idx), *self.args(), self.nbytes, kept.ctypes.data))
+
+    def gather(self, lib, shape) -> np.ndarray:
+        """The rows of every wave as a (waves,) + shape uint32 array."""
+        out = np.empty((len(self.idx),) + shape, np.uint32)
+        lib.rows_gather(len(self.idx), *self.args(), self.nbytes, out.ctypes.data)
+        return out
+
+    def select(self, waves):
+        """The same rows of these waves (an index array into idx)."""
+        return Rows(self.base, np.ascontiguousarray(self.idx.take(waves)), self.off // 256, self.nbytes // 256,
+                    ptr=self.ptr)
+
+
+def array_rows(x, nrows):
+    """Rows over a (waves, registers, 64) (or (waves, 64): one row) array of the many() form."""
+    x = np.asarray(x, np.uint32)
+    if x.ndim == 2:
+        x = x[:, None, :]
+    if x.strides[1:] != (256, 4) or x.shape[1] < nrows:
+        x = np.ascontiguousarray(x)
+    return Rows(x, np.arange(x.shape[0], dtype=np.int64), 0, nrows)
 
 
 def fast_executor(mnemonic: str, mods: dict):
     """A function (a, b, c, scale_a, scale_b) -> D equal bit for bit to execute() for this instruction's
     static modifiers (scale_a / scale_b: the scale VGPRs, uint32 (64,), ignored when unscaled), or None
     when the form has no fast path (then call execute()). Forms: f8f6f4 (scaled or not) and the float
-    bf16 / f16 / fp8 / bf8 forms, square, f32 out."""
+    bf16 / f16 / fp8 / bf8 forms, square, f32 out. Its `many` runs a lockstep group of waves (arrays of
+    operands), its `at` the same with the operands read from (and D written to) a register file."""
     f = _form(mnemonic)
     if f.out != "f32" or f.M != f.N:
         return None
@@ -505,21 +828,27 @@ def fast_executor(mnemonic: str, mods: dict):
     nc = row.shape[0]
     d_index = row * N + col                         # pack_cd's D[row, col] as one flat gather
     scaled = f.scaled
+    sel_a = sel_b = 0
     if scaled:
         ops = [int(x) for x in (mods.get("op_sel") or [])] + [0, 0]
         hi = [int(x) for x in (mods.get("op_sel_hi") or [])] + [0, 0]
-        sh_a, sh_b = np.uint32(8 * (ops[0] + 2 * hi[0])), np.uint32(8 * (ops[1] + 2 * hi[1]))
+        sel_a, sel_b = ops[0] + 2 * hi[0], ops[1] + 2 * hi[1]
+        sh_a, sh_b = np.uint32(8 * sel_a), np.uint32(8 * sel_b)
         e8m0 = numerics._LUT64["e8m0"]
         nblk = 64 // M
         kblk = np.arange(K) // 32
 
-    # what decides A's values besides its bytes and scales (the layout too: _RECENT_A outlives a swapped one)
-    a_key = (mnemonic, fa, int(sh_a) if scaled else None, ab_layout)
+    # what decides A's values besides its register and scale bytes (the layout too: _RECENT_A and _ROWS_A
+    # outlive a swapped one)
+    a_key = (mnemonic, fa, sel_a, ab_layout)
 
     def swapped():
         # a test has replaced a layout function since the plan was made (test_upstream_evidence swaps in
         # wrong ones): the caller runs execute(), which reads the current layouts
         return _ab_layout is not ab_layout or _cd_layout is not cd_layout
+    rows_a = _ROWS_A.get(a_key)
+    if rows_a is None:
+        rows_a = _ROWS_A[a_key] = _RowCache(ROW_CACHE, (M, K))
 
     def run(a, b, c, scale_a=None, scale_b=None):
         # None -> the caller runs execute(): operands too short (it raises), or a layout swapped
@@ -538,43 +867,176 @@ def fast_executor(mnemonic: str, mods: dict):
         D = A @ B + C.view(np.float32).astype(np.float64)
         return D.astype(np.float32).view(np.uint32).reshape(-1).take(d_index)
 
-    # The same for several waves at once (lockstep): the element-wise steps over a leading wave axis, the
-    # products one wave at a time (the same 2-D matmul as run, so the same bits), in chunks of MANY_WAVES
-    # waves so each step's float64 temporaries stay in the CPU's cache.
+    # The same for a group of waves at once (lockstep). Equal operands give equal values, so each is decoded
+    # once: A operands are kept across calls (_RECENT_A: the whole group's; _ROWS_A: rows by content), B
+    # operands decoded once per distinct wave of the group when enough are equal (_distinct_rows, its answer
+    # kept with the group's A for the next MFMA of the K-step and checked there). The element-wise steps run
+    # over a leading wave axis, the products one wave at a time (the same 2-D matmul as run, so the same
+    # bits). With the compiled library (mfma_decode.c) the operands are read where they are, FP4 B decoded
+    # and C, D converted in compiled loops, with the same values.
+    def decode_a(ra, xa=None):
+        """(waves, M, K) float64: each wave's A (scaled), MANY_WAVES waves per pass (the float64
+        temporaries stay in cache)."""
+        A = np.empty((len(ra), M, K))
+        for s in range(0, len(ra), MANY_WAVES):
+            As = many_a(ra[s: s + MANY_WAVES]).reshape(-1, M, K)
+            if scaled:
+                # run's scaled operands for every wave at once: the same exact products (powers of two),
+                # each K-block's scale broadcast over its 32 K values; C-ordered as run's are
+                da = e8m0.take((xa[s: s + MANY_WAVES] >> sh_a) & 0xFF).reshape(-1, nblk, M).transpose(0, 2, 1)
+                As = (As.reshape(-1, M, nblk, 32) * da[..., None]).reshape(-1, M, K)
+            A[s: s + MANY_WAVES] = As
+        return A
+
+    fp4_b = _fp4_b_plan(mnemonic) if fb == "fp4_e2m1" else None
+    if fp4_b is not None:
+        _, b_shape, b_axes = fp4_b
+        b_out = tuple(b_shape[x] for x in b_axes)
+        b_axes = (0,) + tuple(x + 1 for x in b_axes)
+        # the high bytes of the four 16-bit table indices in a lane's register: its scale byte (1.0 = 127
+        # when unscaled)
+        spread = np.arange(256, dtype=np.uint64) * np.uint64(0x0100010001000100)
+        unit = spread[127]
+        fp4_lut, e8m0_lut = numerics._LUT64["fp4_e2m1"], numerics._LUT64["e8m0"]
+
+    def decode_b(rb, xb):
+        """(waves, K, N) float64: each wave's B (scaled), from (waves, nb, 64) registers and (waves, 64)
+        scale registers."""
+        nw = len(rb)
+        B = np.empty((nw, K, N))
+        if fp4_b is not None:
+            # one table row per register byte (its two values, scaled by its lane's E8M0), then one transposed
+            # copy into matrix order
+            idx = np.empty((nw, nb, 64, 4), np.uint16)
+            idx[...] = rb.view(np.uint8).reshape(nw, nb, 64, 4)
+            words = idx.view(np.uint64).reshape(nw, nb, 64)
+            words |= spread.take(xb.view(np.uint8).reshape(nw, 64, 4)[:, :, sel_b])[:, None, :] if scaled else unit
+            vals = _fp4_pair_table().take(idx, axis=0).reshape((nw,) + b_shape)
+            np.copyto(B.reshape((nw,) + b_out), vals.transpose(b_axes))
+            return B
+        for s in range(0, nw, MANY_WAVES):
+            Bs = many_b(rb[s: s + MANY_WAVES]).reshape(-1, K, N)
+            if scaled:
+                db = e8m0.take((xb[s: s + MANY_WAVES] >> sh_b) & 0xFF).reshape(-1, nblk, 1, N)
+                Bs = (Bs.reshape(-1, nblk, 32, N) * db).reshape(-1, K, N)
+            B[s: s + MANY_WAVES] = Bs
+        return B
+
+    def b_grouping(entry, rb, xb, nw):
+        """The distinct B operands to decode: (first, inverse) from _distinct_rows, kept with the group's A
+        entry and checked on its next call, or None (every wave its own)."""
+        part = entry.b_part
+        if part is not None and part is not _ALL_DISTINCT and not _same_rows(
+                (rb,) if xb is None else (rb, xb), part[2], part[3]):
+            part = None
+        if part is None:
+            part = _distinct_rows(rb, xb) if nw > 1 else _ALL_DISTINCT
+            if part is not _ALL_DISTINCT and len(part[0]) > DEDUPE_AT * nw:
+                part = _ALL_DISTINCT
+            entry.b_part = part
+        return None if part is _ALL_DISTINCT else part[:2]
+
+    cd = _cd_axes(M)
+    if cd is not None:
+        c_shape, c_axes = cd
+        c_axes = (0,) + tuple(x + 1 for x in c_axes)
+        d_shape = tuple(c_shape[x - 1] for x in c_axes[1:])
+        d_axes = tuple(int(x) for x in np.argsort(c_axes))
+
     def many(a, b, c, scale_a=None, scale_b=None):
         """a, b, c: (waves, regs, 64) uint32; scale_a / scale_b: (waves, 64) -> (waves, nc, 64), or None."""
         if a.shape[1] < na or b.shape[1] < nb or swapped():
             return None
+        lib = decode_lib()
+        if lib is not None:
+            nw = a.shape[0]
+            out = np.empty((nw, nc, 64), np.uint32)
+            at(lib, array_rows(a, na), array_rows(b, nb), array_rows(c, nc),
+               array_rows(scale_a, 1) if scaled else None, array_rows(scale_b, 1) if scaled else None,
+               array_rows(out, nc))
+            return out
         nw = a.shape[0]
         ra = np.ascontiguousarray(a[:, :na], np.uint32)
-        xa = np.asarray(scale_a, np.uint32) if scaled else None
-        A = _RECENT_A.get(a_key, ra, xa)
-        if A is None:
-            A = np.empty((nw, M, K))
-            for s in range(0, nw, MANY_WAVES):
-                As = many_a(ra[s: s + MANY_WAVES]).reshape(-1, M, K)
-                if scaled:
-                    # run's scaled operands for every wave at once: the same exact products (powers of two),
-                    # each K-block's scale broadcast over its 32 K values; C-ordered as run's are
-                    da = e8m0.take((xa[s: s + MANY_WAVES] >> sh_a) & 0xFF).reshape(-1, nblk, M).transpose(0, 2, 1)
-                    As = (As.reshape(-1, M, nblk, 32) * da[..., None]).reshape(-1, M, K)
-                A[s: s + MANY_WAVES] = As
-            _RECENT_A.put(a_key, ra, xa, A)
+        xa = np.ascontiguousarray(scale_a, np.uint32) if scaled else None
+        entry = _RECENT_A.get(a_key, ra, xa)
+        if entry is None:
+            entry = _RECENT_A.put(a_key, ra, xa, rows_a.stack((ra, xa), decode_a))
+        A = entry.value
         rb = np.ascontiguousarray(b[:, :nb], np.uint32)
-        rc = np.ascontiguousarray(c[:, :nc], np.uint32).reshape(nw, -1)
-        if scaled:
-            db = e8m0.take((np.asarray(scale_b, np.uint32) >> sh_b) & 0xFF).reshape(nw, nblk, 1, N)
-        out = np.empty((nw,) + d_index.shape, np.uint32)
-        for s in range(0, nw, MANY_WAVES):
-            e = s + MANY_WAVES
-            B = many_b(rb[s: e]).reshape(-1, K, N)
-            if scaled:
-                B = (B.reshape(-1, nblk, 32, N) * db[s: e]).reshape(-1, K, N)
-            C = rc[s: e].take(perm_c, axis=1).reshape(-1, M, N)
-            # one 2-D product per wave with run's operand layouts (numpy's stacked matmul calls the same gemm
-            # per slice): the same bits as run (tests/test_mfma.py::test_fast_path_many_is_run_per_wave)
-            D = np.matmul(A[s: e], B) + C.view(np.float32).astype(np.float64)
-            out[s: e] = D.astype(np.float32).view(np.uint32).reshape(len(D), -1).take(d_index, axis=1)
-        return out
+        xb = np.ascontiguousarray(scale_b, np.uint32) if scaled else None
+        part = b_grouping(entry, rb, xb, nw)
+        if part is None:
+            B = decode_b(rb, xb)
+        else:
+            B = decode_b(rb.take(part[0], axis=0), None if xb is None else xb.take(part[0], axis=0))
+            B = B.take(part[1], axis=0)
+        # one 2-D product per wave with run's operand layouts (numpy's stacked matmul calls the same gemm per
+        # slice): the same bits as run (tests/test_mfma.py::test_fast_path_many_is_run_per_wave)
+        P = np.matmul(A, B)
+        c32 = np.asarray(c, np.uint32)[:, :nc].view(np.float32)
+        if cd is None:
+            C = c32.reshape(nw, -1).take(perm_c, axis=1).reshape(nw, M, N).astype(np.float64)
+            D = (P + C).astype(np.float32).view(np.uint32).reshape(nw, -1)
+            return D.take(d_index, axis=1)
+        # the C/D register order is a transposition of matrix order: converted in the same pass
+        C = c32.reshape((nw,) + c_shape).transpose(c_axes).astype(np.float64, order="C")
+        P += C.reshape(nw, M, N)
+        D = P.reshape((nw,) + d_shape).transpose(d_axes).astype(np.float32, order="C")
+        return D.view(np.uint32).reshape(nw, nc, 64)
+
+    row_start = _cd_row_starts(M)
+    row_ptr = row_start.ctypes.data
+    if fp4_b is not None:
+        lut_ptr, e8m0_ptr = fp4_lut.ctypes.data, e8m0_lut.ctypes.data
+
+    def at(lib, a, b, c, sa, sb, d):
+        """The group's MFMAs with the compiled library: operands at Rows a, b, c, sa, sb (None when unscaled),
+        D written to Rows d."""
+        nw = len(a.idx)
+        entry = _RECENT_A.get_at(a_key, nw, lib, a, sa)
+        if entry is None:
+            ra = a.gather(lib, (na, 64))
+            xa = sa.gather(lib, (64,)) if scaled else None
+            entry = _RECENT_A.put(a_key, ra, xa, rows_a.stack((ra, xa), decode_a))
+        A = entry.value
+        part = entry.b_part
+        if part is None or part is not _ALL_DISTINCT:
+            part = b_grouping(entry, b.gather(lib, (nb, 64)), sb.gather(lib, (64,)) if scaled else None, nw)
+        else:
+            part = None
+        bu, sbu = (b, sb) if part is None else (b.select(part[0]), sb.select(part[0]) if scaled else None)
+        if fp4_b is not None:
+            B = np.empty((len(bu.idx), K, N))
+            lib.fp4_b_operand(len(bu.idx), nb, N, *bu.args(), *(sbu.args() if scaled else (None, 0, None, 0)),
+                              sel_b, lut_ptr, e8m0_ptr, B.ctypes.data)
+        else:
+            B = decode_b(bu.gather(lib, (nb, 64)), sbu.gather(lib, (64,)) if scaled else None)
+        if part is not None:
+            B = B.take(part[1], axis=0)
+        # one 2-D product per wave with run's operand layouts (numpy's stacked matmul calls the same gemm per
+        # slice): the same bits as run (tests/test_mfma.py::test_fast_path_many_is_run_per_wave)
+        P = np.matmul(A, B)
+        C = np.empty((nw, M, N))
+        lib.f32_to_f64(nw, M, N, *c.args(), row_ptr, C.ctypes.data)
+        P += C
+        lib.f64_to_f32(nw, M, N, P.ctypes.data, row_ptr, *d.args())
+
+    def at_regs(regs, idx, a_row, b_row, c_row, sa_row, sb_row, d_row):
+        """at() over a batch's register file: the waves at slots idx (int64), each operand at its first
+        register row there or at a Rows of its own (a constant); sa_row / sb_row None when unscaled. False
+        when the library is not there or the layout was replaced (then the caller gathers and calls many)."""
+        lib = decode_lib()
+        if lib is None or swapped():
+            return False
+        ptr, ip = regs.ctypes.data, idx.ctypes.data
+
+        def rows(r, n):
+            return r if isinstance(r, Rows) else Rows(regs, idx, r, n, ptr, ip)
+        at(lib, rows(a_row, na), rows(b_row, nb), rows(c_row, nc), rows(sa_row, 1) if scaled else None,
+           rows(sb_row, 1) if scaled else None, rows(d_row, nc))
+        return True
+
     run.many = many
+    run.at_regs = at_regs
+    run.keep = row_start                            # the array row_ptr points into
     return run

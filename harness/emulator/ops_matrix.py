@@ -99,11 +99,39 @@ def build_mfma(inst, ctx):
             gx = (lambda regs, idx, r=row_of(ops[4], acc): regs[idx, r]) if ops[4].kind in ("v", "a") else None
             gy = (lambda regs, idx, r=row_of(ops[5], acc): regs[idx, r]) if ops[5].kind in ("v", "a") else None
 
+        # where fast.at_regs finds each operand: a VGPR/AGPR row of the batch's register file, or one constant
+        # for every wave (a chain's first C = 0); None when an operand is neither (then the gathers below)
+        def place(op, n, reader):
+            if op.kind in ("v", "a"):
+                return row_of(op, acc)
+            if op.kind == "const":             # contiguous rows, the same (stride 0) for every slot
+                rows = np.ascontiguousarray(np.broadcast_to(np.asarray(reader(None), U32), (n, WAVE)))
+                return np.broadcast_to(rows, (1, n, WAVE))
+            return None
+        places = [place(ops[1], a_regs, ra), place(ops[2], b_regs, rb), place(ops[3], c_regs, rc)]
+        if scaled:
+            places += [place(ops[4], 1, sa), place(ops[5], 1, sb)]
+        direct = all(p is not None for p in places) and all(isinstance(p, int) for p in places[:2])
+        if direct:
+            a_row, b_row, c_place = places[:3]
+            sa_place, sb_place = places[3:] if scaled else (None, None)
+
         def group(waves):
-            """Lockstep (lockstep.py): the group's MFMAs decoded and scaled in one pass (fast.many), the
-            operands gathered from the batch's register file (each wave's w.v is its row of it)."""
+            """Lockstep (lockstep.py): the group's MFMAs decoded and scaled in one pass, the operands read from
+            the batch's register file (each wave's w.v is its row of it): by fast.at_regs in place, else
+            gathered for fast.many."""
             regs = waves[0].v.base
-            idx = np.fromiter((w.slot for w in waves), np.intp, len(waves))
+            # in slot order: the seeded interleaving shuffles a group's waves, and the same waves in one order
+            # find the A operands fast kept for them (mfma._RECENT_A) whatever order they came back in
+            idx = np.array(sorted([w.slot for w in waves]), np.int64)
+            if direct:
+                def rows(p, n):
+                    return p if isinstance(p, int) else mfma.Rows(p, idx, 0, n)
+                if fast.at_regs(regs, idx, a_row, b_row, rows(c_place, c_regs),
+                                sa_place if sa_place is None else rows(sa_place, 1),
+                                sb_place if sb_place is None else rows(sb_place, 1), drow):
+                    counters.mfma[name] += len(waves)
+                    return
 
             def get(g, reader, shape, const):
                 if g is not None:

@@ -779,18 +779,40 @@ class WaveSan:
         raise SanitizerError("missing-wait", f"touches {reg_names(hit, self.static.acc)} with a load outstanding")
 
     def mfma_issued(self, i: int):
-        inst = self.insts[self.base + 4 * i]
         if not self.hazards:
             self.clock = 0
         passes = self.static.passes_of_mfma[i]
         if passes is None:                      # computed once per instruction (a regex on the mnemonic)
-            passes = self.static.passes_of_mfma[i] = mfma_passes(inst)
+            passes = self.static.passes_of_mfma[i] = mfma_passes(self.insts[self.base + 4 * i])
         dst = self.static.dst_of_mfma[i]
         self.hazards.append((dst, self.clock, passes, self.base + 4 * i))
         self.hz_dst |= dst
         if len(self.hazards) > 32:  # a long run of instructions that never met the list: drop the expired
             self.hazards = [e for e in self.hazards if self.clock - e[1] < e[2] + 3]
             self.hz_dst = _union(self.hazards)
+
+    @staticmethod
+    def mfma_issued_all(sans, i: int):
+        """s.mfma_issued(i) for each sanitizer of a lockstep group, the instruction's entry looked up once
+        (one program: the same StaticInfo and base)."""
+        s0 = sans[0]
+        static, base = s0.static, s0.base
+        passes = static.passes_of_mfma[i]
+        if passes is None:
+            passes = static.passes_of_mfma[i] = mfma_passes(s0.insts[base + 4 * i])
+        dst, pc = static.dst_of_mfma[i], base + 4 * i
+        for s in sans:
+            if s.static is not static or s.base != base:
+                s.mfma_issued(i)
+                continue
+            hz = s.hazards
+            if not hz:
+                s.clock = 0
+            hz.append((dst, s.clock, passes, pc))
+            s.hz_dst |= dst
+            if len(hz) > 32:
+                s.hazards = [e for e in hz if s.clock - e[1] < e[2] + 3]
+                s.hz_dst = _union(s.hazards)
 
     def check_hazards(self, i: int):
         if not self.static.hz_reads[i] & self.hz_dst:
@@ -948,10 +970,9 @@ def _mfma_handler(fn, i):
     if together is not None:           # lockstep's form for a group of waves (ops_matrix.build_mfma)
         def group(waves):
             together(waves)
-            for w in waves:
-                s = w.san
-                if s is not None and s.hazards_on:
-                    s.mfma_issued(i)
+            sans = [s for s in (w.san for w in waves) if s is not None and s.hazards_on]
+            if sans:
+                WaveSan.mfma_issued_all(sans, i)
         h.group = group
     return h
 

@@ -474,3 +474,54 @@ def test_fast_path_follows_a_swapped_layout(monkeypatch, name, wrong):
         monkeypatch.undo()
         assert under.many(a, b, c, sa, sb) is None
         assert np.array_equal(mfma.fast_executor(mn, mods).many(a, b, c, sa, sb), right)
+
+
+@pytest.mark.parametrize("mnemonic", ["v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4",
+                                      "v_mfma_f32_16x16x128_f8f6f4"])
+@pytest.mark.parametrize("cbsz,blgp", [(0, 4), (4, 4), (0, 0)])
+@pytest.mark.parametrize("c_decode", [True, False])
+def test_fast_path_lockstep_shared_operands(monkeypatch, mnemonic, cbsz, blgp, c_decode):
+    """The lockstep forms (many over arrays; at_regs in a register file, the compiled steps of mfma_decode.c
+    when built) give run()'s bits for each wave when some waves share B (and A) and others do not, in a
+    shuffled group, with NaN scales and a constant accumulator; B decoded once per distinct wave
+    (DEDUPE_AT 1) or per wave, and again with the kept A and B grouping of the previous call."""
+    monkeypatch.setattr(mfma, "C_DECODE", c_decode)
+    if c_decode and mfma.decode_lib() is None:
+        pytest.skip("no C compiler")
+    rng = np.random.default_rng(cbsz * 7 + blgp)
+    scaled = "scale" in mnemonic
+    mods = dict(cbsz=cbsz, blgp=blgp, **({"op_sel": [1, 0], "op_sel_hi": [0, 1]} if scaled else {}))
+    run = mfma.fast_executor(mnemonic, mods)
+    na, nb, nc = mfma.operand_regs(mnemonic, mods)
+    slots, nw = 24, 11
+    regs = rng.integers(0, 1 << 32, (slots, 64, 64), dtype=np.uint64).astype(np.uint32)
+    ra, rb, rc, rsa, rsb, rd = 0, 8, 16, 20, 21, 24
+    regs[:, rsb] = (rng.integers(100, 154, (slots, 64)) * 0x01010101).astype(np.uint32)
+    regs[3, rsb, :5] = 0xFFFFFFFF                        # NaN scales
+    idx = rng.permutation(slots)[:nw].astype(np.int64)
+    for src, dst in ((idx[0], idx[4]), (idx[0], idx[7]), (idx[2], idx[9]), (idx[1], idx[3])):
+        regs[dst, rb: rb + nb] = regs[src, rb: rb + nb]  # shared B tiles (scales too, but for one pair)
+        regs[dst, rsb] = regs[src, rsb] if dst != idx[3] else regs[dst, rsb]
+        regs[dst, ra: ra + na] = regs[idx[5], ra: ra + na]
+    zero_c = np.broadcast_to(np.zeros((nc, 64), np.uint32), (1, nc, 64))
+    for dedupe in (1.0, 0.0):
+        monkeypatch.setattr(mfma, "DEDUPE_AT", dedupe)
+        mfma._RECENT_A.entries.clear()
+        for call in range(2):                            # the second call finds the kept A and B grouping
+            regs[:, rb: rb + nb] ^= np.uint32(call)      # ... and has to check the grouping against new B
+            for const_c in (False, True):
+                r = regs.copy()
+                want = [run(r[s, ra: ra + na], r[s, rb: rb + nb], np.zeros((nc, 64), np.uint32) if const_c
+                            else r[s, rc: rc + nc], r[s, rsa], r[s, rsb]) for s in idx]
+                with np.errstate(all="ignore"):
+                    got = run.many(r[idx, ra: ra + na], r[idx, rb: rb + nb],
+                                   np.broadcast_to(zero_c[0], (nw, nc, 64)) if const_c else r[idx, rc: rc + nc],
+                                   r[idx, rsa], r[idx, rsb])
+                    for k in range(nw):
+                        assert np.array_equal(got[k], want[k]), (dedupe, call, const_c, k)
+                    if run.at_regs(r, idx, ra, rb, mfma.Rows(zero_c, idx, 0, nc) if const_c else rc,
+                                   rsa if scaled else None, rsb if scaled else None, rd):
+                        for k, s in enumerate(idx):
+                            assert np.array_equal(r[s, rd: rd + nc], want[k]), (dedupe, call, const_c, k)
+                    else:
+                        assert not c_decode
