@@ -874,21 +874,8 @@ def issue_group(waves, mask: int, shared, each=None):
                 apply()
         return
     pc = s0.cur_pc
-    if each is None:
-        entry = [mask, shared, None, pc]
-        for w in waves:
-            s = w.san
-            if mask & s.pend:
-                try:
-                    s._clash("vm", mask)
-                except Exception as e:
-                    e.wave = w
-                    raise
-                s.overlap = True
-            s.vm.append(entry)
-            s.pend |= mask
-        return
-    for w, apply in zip(waves, each):
+    entry = [mask, shared, None, pc] if each is None else None
+    for n, w in enumerate(waves):
         s = w.san
         if mask & s.pend:
             try:
@@ -897,7 +884,7 @@ def issue_group(waves, mask: int, shared, each=None):
                 e.wave = w
                 raise
             s.overlap = True
-        s.vm.append([mask, apply, None, pc])
+        s.vm.append(entry if each is None else [mask, each[n], None, pc])
         s.pend |= mask
 
 

@@ -58,18 +58,36 @@ def _maps(rng):
         n = int(rng.integers(64, 512))
         ranges.append((x, n, i % 2 == 0))
         x += n
+    return _built(ranges, 8), _built(ranges, 8), ranges
 
-    def build():
-        out = []
-        for start, n, fresh in ranges:
-            sh = None
-            if fresh:
-                sh = np.zeros(n, np.uint8)
-                sh[: n // 2] = 1
-                sh[np.random.default_rng(start).integers(0, n, 8)] = 0
-            out.append((start, start + n, f"t{start}", sh))
-        return MemoryMap(out)
-    return build(), build(), ranges
+
+def _reported_alike(got, want, mm, ref) -> bool:
+    """Assert that the map's outcome `got` is the reference's `want` (and, with no report, that both maps
+    marked the same bytes written); True when they reported."""
+    if want is None:
+        assert got is None
+        for x, y in zip(mm.shadows, ref.shadows):
+            assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
+        return False
+    assert got is not None and got[0] == want[0]
+    assert f"{want[1]:#x}" in got[1]
+    if want[0] == "uninitialized":
+        assert got[1].endswith(f"in lane {want[2]}")
+    return True
+
+
+def _built(ranges, holes):
+    """A MemoryMap over ranges (start, bytes, fresh): a fresh one has its first half written but for `holes`
+    seeded bytes."""
+    out = []
+    for start, n, fresh in ranges:
+        sh = None
+        if fresh:
+            sh = np.zeros(n, np.uint8)
+            sh[: n // 2] = 1
+            sh[np.random.default_rng(start).integers(0, n, holes)] = 0
+        out.append((start, start + n, f"t{start}", sh))
+    return MemoryMap(out)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -88,17 +106,8 @@ def test_memory_check_fast_path_matches_per_lane_search(seed):
         mask = np.zeros(64, bool)
         mask[lanes] = True
         got = _outcome(mm, a, nbytes, mask if rng.integers(2) else lanes, read, write)
-        if want is None:
-            assert got is None
-        else:
-            assert got is not None and got[0] == want[0]
-            assert f"{want[1]:#x}" in got[1]
-            if want[0] == "uninitialized":
-                assert got[1].endswith(f"in lane {want[2]}")
+        if _reported_alike(got, want, mm, ref):
             mm, ref, ranges = _maps(rng)      # a report ends a launch: start over
-            continue
-        for x, y in zip(mm.shadows, ref.shadows):
-            assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -106,27 +115,13 @@ def test_memory_check_of_aligned_dwords_matches_per_lane_search(seed):
     """The shadow's dword-at-a-time form (whole aligned dwords in ranges starting at aligned addresses; some
     ranges start unaligned and take the byte form) against the per-lane search, reports included."""
     rng = np.random.default_rng(500 + seed)
-
-    def maps():
-        out, x = [], 4096
-        for i in range(5):
-            n = 4 * int(rng.integers(16, 128))
-            x += 4 * int(rng.integers(0, 3)) + (1 if i == 3 else 0)
-            out.append((x, n, i % 2 == 0 or i == 3))
-            x += n
-        built = []
-        for _ in range(2):
-            rs = []
-            for start, n, fresh in out:
-                sh = None
-                if fresh:
-                    sh = np.zeros(n, np.uint8)
-                    sh[: n // 2] = 1
-                    sh[np.random.default_rng(start).integers(0, n, 4)] = 0
-                rs.append((start, start + n, f"t{start}", sh))
-            built.append(MemoryMap(rs))
-        return built[0], built[1], out
-    mm, ref, ranges = maps()
+    ranges, x = [], 4096
+    for i in range(5):
+        n = 4 * int(rng.integers(16, 128))
+        x += 4 * int(rng.integers(0, 3)) + (1 if i == 3 else 0)
+        ranges.append((x, n, i % 2 == 0 or i == 3))
+        x += n
+    mm, ref = _built(ranges, 4), _built(ranges, 4)
     for _ in range(80):
         start, n, _ = ranges[int(rng.integers(len(ranges)))]
         nbytes = int(rng.choice([4, 8, 12, 16]))
@@ -136,17 +131,8 @@ def test_memory_check_of_aligned_dwords_matches_per_lane_search(seed):
         read, write = bool(rng.integers(2)), bool(rng.integers(2))
         want = _reference_check(ref, a, nbytes, lanes, read, write)
         got = _outcome(mm, a, nbytes, lanes, read, write)
-        if want is None:
-            assert got is None
-        else:
-            assert got is not None and got[0] == want[0]
-            assert f"{want[1]:#x}" in got[1]
-            if want[0] == "uninitialized":
-                assert got[1].endswith(f"in lane {want[2]}")
-            mm, ref, ranges = maps()
-            continue
-        for x, y in zip(mm.shadows, ref.shadows):
-            assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
+        if _reported_alike(got, want, mm, ref):
+            mm, ref = _built(ranges, 4), _built(ranges, 4)     # a report ends a launch: start over
 
 
 @pytest.mark.parametrize("seed", range(4))
