@@ -779,13 +779,18 @@ class WaveSan:
         raise SanitizerError("missing-wait", f"touches {reg_names(hit, self.static.acc)} with a load outstanding")
 
     def mfma_issued(self, i: int):
-        if not self.hazards:
-            self.clock = 0
+        self._mfma_entry(self.static.dst_of_mfma[i], self._passes(i), self.base + 4 * i)
+
+    def _passes(self, i: int) -> int:
         passes = self.static.passes_of_mfma[i]
         if passes is None:                      # computed once per instruction (a regex on the mnemonic)
             passes = self.static.passes_of_mfma[i] = mfma_passes(self.insts[self.base + 4 * i])
-        dst = self.static.dst_of_mfma[i]
-        self.hazards.append((dst, self.clock, passes, self.base + 4 * i))
+        return passes
+
+    def _mfma_entry(self, dst: int, passes: int, pc: int):
+        if not self.hazards:
+            self.clock = 0
+        self.hazards.append((dst, self.clock, passes, pc))
         self.hz_dst |= dst
         if len(self.hazards) > 32:  # a long run of instructions that never met the list: drop the expired
             self.hazards = [e for e in self.hazards if self.clock - e[1] < e[2] + 3]
@@ -797,22 +802,12 @@ class WaveSan:
         (one program: the same StaticInfo and base)."""
         s0 = sans[0]
         static, base = s0.static, s0.base
-        passes = static.passes_of_mfma[i]
-        if passes is None:
-            passes = static.passes_of_mfma[i] = mfma_passes(s0.insts[base + 4 * i])
-        dst, pc = static.dst_of_mfma[i], base + 4 * i
+        dst, passes, pc = static.dst_of_mfma[i], s0._passes(i), base + 4 * i
         for s in sans:
-            if s.static is not static or s.base != base:
+            if s.static is static and s.base == base:
+                s._mfma_entry(dst, passes, pc)
+            else:
                 s.mfma_issued(i)
-                continue
-            hz = s.hazards
-            if not hz:
-                s.clock = 0
-            hz.append((dst, s.clock, passes, pc))
-            s.hz_dst |= dst
-            if len(hz) > 32:
-                s.hazards = [e for e in hz if s.clock - e[1] < e[2] + 3]
-                s.hz_dst = _union(s.hazards)
 
     def check_hazards(self, i: int):
         if not self.static.hz_reads[i] & self.hz_dst:
