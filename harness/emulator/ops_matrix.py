@@ -1,4 +1,4 @@
-"""MFMA and the narrow-float conversions, delegated to mfma.py and numerics.py (written alongside).
+"""MFMA and the narrow-float conversions, delegated to mfma.py and numerics.py.
 
 This module only fetches operands in the shapes those modules take and writes their results back.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import mfma, numerics
 from .operands import const_bits, exec_mask, parse_operand, raw_reader, row_of, store_row
 from .state import WAVE
 
@@ -48,9 +49,8 @@ def _rows_reader(op, n, acc):
 
 
 def build_mfma(inst, ctx):
-    from . import mfma  # written by a parallel helper; imported lazily so the rest works without it
     name = inst.mnemonic.removesuffix("_e64")
-    if name not in getattr(mfma, "MFMA_MNEMONICS", ()) and name not in getattr(mfma, "REGS", {}):
+    if name not in mfma.MFMA_MNEMONICS:
         return None
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
@@ -163,11 +163,10 @@ def build_mfma(inst, ctx):
 
 
 def build_cvt(inst, ctx):
-    from . import numerics
     base = inst.mnemonic.removesuffix("_e64").removesuffix("_e32")
     if base.endswith("_sdwa"):
         base = base[:-5]
-    if base not in getattr(numerics, "CVT_MNEMONICS", ()):
+    if base not in numerics.CVT_MNEMONICS:
         return None
     ops = [parse_operand(o) for o in inst.operands]
     acc = ctx.acc_offset
