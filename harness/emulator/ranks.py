@@ -50,6 +50,12 @@ DEFAULT_TIMEOUT = 120.0
 # and running cases on 2 shared cores.
 ALARM_SLACK = 600
 
+# What the rank processes' fork server imports once, so that no rank pays it: torch (8 spawned ranks each
+# importing it cost 16 CPU-s a run), torch._dynamo (imported by a rank's first custom-op call: ~1.7 CPU-s a
+# rank) and FlyDSL's compiler. Only third-party modules whose imports read no switch of ours: a module of
+# this repository imported here would keep the fork server's environment, not the caller's at run().
+PRELOAD = ("torch", "numpy", "torch._dynamo", "flydsl.compiler")
+
 _rank = None             # this process's rank when run() started it
 _timeout = None          # seconds a wave may keep sleeping before it is a hang
 _ranks_cpu = 0.0         # CPU seconds the rank processes run() started here reported (they are not its children)
@@ -233,10 +239,10 @@ def run(fn, world: int = 8, args: tuple = (), timeout: float | None = None, seed
     import torch.multiprocessing as mp
 
     t = timeout if timeout is not None else float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
-    # Forked from a fork server that imported torch once (8 spawned ranks each importing it cost 16 CPU-s a
-    # run); each rank then takes this process's environment and directory as of now, as a spawned one would.
+    # Forked from a fork server that imported PRELOAD once; each rank then takes this process's environment
+    # and directory as of now, as a spawned one would.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "numpy"])
+    ctx.set_forkserver_preload(list(PRELOAD))
     where = (dict(os.environ), os.getcwd())
     with tempfile.TemporaryDirectory(prefix="amdk-ranks-") as tmp:
         init_file = os.path.join(tmp, "pg")

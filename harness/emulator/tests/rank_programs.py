@@ -96,3 +96,10 @@ def flag_exchange(rank, world, absent_rank=None, rounds=2, stagger=0.0):
     seen = pages[rank][:world].tolist()
     dist.barrier()  # every rank's atomic adds are done
     return {"flags": seen, "counter": int(pages[0][COUNTER])}
+
+
+def preloaded(rank, world, names):
+    """Which of `names` this rank process had imported before its program started (the fork server's)."""
+    import sys
+
+    return {n: n in sys.modules for n in names}

@@ -16,6 +16,14 @@ def test_ranks_exchange_flags_through_ipc_memory_and_count_with_system_atomics()
         assert res["counter"] == progs.WORLD * 3 * 64
 
 
+def test_ranks_start_with_the_fork_servers_imports():
+    """torch._dynamo (which a rank's first custom-op call would import) is there before the program runs:
+    no rank pays the heavy imports, the fork server did once."""
+    results = ranks.run(progs.preloaded, world=2, args=(ranks.PRELOAD,), timeout=60)
+    for r, res in enumerate(results):
+        assert res == {n: True for n in ranks.PRELOAD}, f"rank {r}: {res}"
+
+
 def test_a_rank_that_never_arrives_is_a_hang_report_not_a_stuck_test(monkeypatch):
     monkeypatch.setenv(ranks.TIMEOUT_ENV, "4")
     with pytest.raises(ranks.RankFailed) as err:
