@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -264,6 +265,25 @@ def test_flydsl_mxfp4_preshuffle_rejects_fp8_contiguous(monkeypatch):
     assert _run_mx("fp8", "fp4", 32, 128, 512, 32, 128, 256) < 0.9
 
 
+# FlyDSL's flash attention compiles under llvm_options {"lsr-drop-solution": True}, which stays in force in the
+# process after FlyDSL restores it: every later compile there gives other code objects under the same cache keys,
+# and the disk cache keeps them (a CI-equivalent run failed test_moe_prefill so, stop 43). Its tests run in a
+# pytest process of their own.
+OWN_PROCESS_ENV = "AMD_KERNELS_TEST_OWN_PROCESS"
+
+
+def _runs_here(request) -> bool:
+    """True in the test's own process; elsewhere runs the test there, fails unless it passed, and returns False."""
+    _need_fly("kernels/attention/flash_attn_gfx950.py")
+    if os.environ.get(OWN_PROCESS_ENV):
+        return True
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                           request.node.nodeid], env={**os.environ, OWN_PROCESS_ENV: "1"},
+                          cwd=request.config.rootpath, capture_output=True, text=True)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    return False
+
+
 def _run_flash(B, S, H, HKV, D, causal):
     _need_fly("kernels/attention/flash_attn_gfx950.py")
     from kernels.attention.flash_attn_gfx950 import build_flash_attn_dualwave_swp_module
@@ -284,11 +304,14 @@ def _run_flash(B, S, H, HKV, D, causal):
 
 
 @pytest.mark.parametrize("B,S,H,HKV,D,causal", [(1, 256, 1, 1, 64, True), (1, 300, 4, 2, 64, False)])
-def test_flydsl_flash_attn_gfx950_matches_torch(B, S, H, HKV, D, causal):
-    assert _run_flash(B, S, H, HKV, D, causal) > 0.9999
+def test_flydsl_flash_attn_gfx950_matches_torch(B, S, H, HKV, D, causal, request):
+    if _runs_here(request):
+        assert _run_flash(B, S, H, HKV, D, causal) > 0.9999
 
 
-def test_flydsl_flash_attn_rejects_other_32x32_rows(monkeypatch):
+def test_flydsl_flash_attn_rejects_other_32x32_rows(monkeypatch, request):
+    if not _runs_here(request):
+        return
     orig = mfma._cd_layout
 
     def alt(M):
