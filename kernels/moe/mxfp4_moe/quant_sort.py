@@ -128,8 +128,11 @@ def sort(geo, lane, lds, ids, sorted_pairs, tile_expert, meta, m, supers: int = 
         s0 = s_incl - (u0 + u1)
         sup_rsrc = buffer.tensor_resource(  # bound: prefill.max_supers
             meta, fx.Int64(pairs // (ROWS * supers) + fx.min(pairs, fx.Int32(experts)) + 4) * 4)
+        # Read lane 63 here, with every lane active: inside the lane-0 branch LLVM may sink the scan's last
+        # add into the branch (it did under lsr-drop-solution=false), leaving lane 63 a partial sum.
+        n_supers = wave.readlane(s_incl, 63)
         if lane == 0:
-            buffer.store(wave.readlane(s_incl, 63), sup_rsrc, fx.Int32(4))
+            buffer.store(n_supers, sup_rsrc, fx.Int32(4))
         for i in range(u0):
             buffer.store((start0 // ROWS + i * supers) * pack + fx.min(n0 - i * supers, fx.Int32(supers)),
                          sup_rsrc, (s0 + i + 4) * 4)
