@@ -133,3 +133,59 @@ def test_a_lazy_warm_up_of_a_sibling_entry_is_reported_as_a_warning(rmsnorm_pkg,
     with compile_watch.recording() as events:
         sibling(DECODE)  # reported once: the mode is warm now
     assert compile_watch.serving_compiles(events) == []
+
+
+# A variant whose code object changes when LLVM's lsr-drop-solution is false (24 of our 85 do: stop 44).
+SENSITIVE = ("amd_kernels.attention.paged_q8_kv1_d64", "window")
+
+
+def test_llvm_options_another_compile_left_do_not_reach_our_code_objects(request, tmp_path, monkeypatch):
+    """After another kernel's compile with LLVM options (FlyDSL's restore leaves `lsr-drop-solution`
+    explicitly false, kernels/llvm_state.py), a compile here would give another code object under the usual
+    cache key; the warm-up sees it and compiles in a worker, whose code object is a clean process's."""
+    import hashlib
+    import importlib
+
+    from flydsl.compiler.llvm_options import llvm_options
+
+    from amd_kernels import llvm_state
+    from harness import own_process
+    from harness.isa import code_object_of
+
+    if not own_process.runs_here(request):  # the option stays changed in the process that sets it
+        return
+    table = importlib.import_module(SENSITIVE[0]).VARIANTS
+    key = SENSITIVE[1]
+    variant = table.variants[key]
+
+    def compiled_with_empty_caches(name: str, how) -> str:
+        monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path / name))
+        monkeypatch.setattr(variant.launcher, "_mem_cache", {})
+        monkeypatch.setattr(variant.launcher, "cache_manager", None)
+        table._loaded.pop(key, None)
+        return hashlib.sha256(code_object_of(how())).hexdigest()
+
+    clean = compiled_with_empty_caches("clean", lambda: table._compile(key))
+    assert not llvm_state.changed(), "compiling our variant set an LLVM option"
+    with llvm_options({"lsr-drop-solution": True}):  # what FlyDSL does around a hinted compile
+        pass
+    assert llvm_state.changed()
+    import flydsl.compiler as flyc
+
+    unguarded = compiled_with_empty_caches("unguarded", lambda: flyc.compile(variant.launcher, *variant.example_args()))
+    assert unguarded != clean, "FlyDSL's restore no longer changes later compiles: llvm_state's guard may go"
+    monkeypatch.setenv(warm_up.WORKERS_ENV, "1")
+    monkeypatch.setattr(warm_up, "_pool", None)
+    try:
+        guarded = compiled_with_empty_caches("guarded", lambda: table[key])
+        assert warm_up._pool is not None, "the compile did not go to a worker"
+    finally:
+        if warm_up._pool is not None:
+            warm_up._pool.close()
+    assert guarded == clean
+    artifacts = list((tmp_path / "guarded").rglob("*.pkl"))
+    assert len(artifacts) == 1, artifacts  # written by the worker, loaded here
+    # Where no worker can compile (all died): compiled here, said, and kept out of the disk cache.
+    with pytest.warns(llvm_state.LLVMOptionsChanged, match=key):
+        assert compiled_with_empty_caches("here", lambda: table._compile(key)) == unguarded
+    assert not list((tmp_path / "here").rglob("*.pkl"))

@@ -29,6 +29,7 @@ MAGIC = b"\0AMDK-SEAL-v1\0"
 _DIGEST = 32
 _lock = threading.Lock()
 _installed = False
+_unstored = threading.local()  # .depth > 0: this thread's compiles are not written to the disk cache
 
 
 class CorruptCacheArtifact(RuntimeWarning):
@@ -95,6 +96,16 @@ def check(path: Path) -> None:
         _reject(path, "does not match its key (truncated, overwritten, unsealed or another key's artifact)")
 
 
+@contextlib.contextmanager
+def not_stored():
+    """Compiles in this thread inside the block stay out of the disk cache (kept in FlyDSL's memory cache)."""
+    _unstored.depth = getattr(_unstored, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _unstored.depth -= 1
+
+
 def _lock_failure(err: BaseException) -> bool:
     return isinstance(err, OSError) or (isinstance(err, RuntimeError) and str(err).startswith("Timed out waiting"))
 
@@ -111,6 +122,8 @@ def install() -> None:
         original_lock = manager.compile_lock
 
         def write(cache_file: Path, value) -> None:
+            if getattr(_unstored, "depth", 0):
+                return
             with jit_function.atomic_write(cache_file, mode="wb") as out:
                 out.write(seal(Path(cache_file), pickle.dumps(value)))
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from amd_kernels import compile_watch, jit_cache
+from amd_kernels import compile_watch, jit_cache, llvm_state
 
 # vLLM's largest CUDA-graph capture size: batches of up to this many tokens run an entry's "decode" mode
 # (its decode tiers), larger ones its "prefill" mode.
@@ -60,7 +60,12 @@ class VariantTable:
         """The compiled function of `key`; compiling here (outside a warm-up) is reported by compile_watch."""
         fn = self._loaded.get(key)
         if fn is None:
-            fn = self._compile(key)
+            if llvm_state.changed():  # this process's LLVM options are not LLVM's own: a worker compiles
+                fn = self._load(key)
+                if fn is None:
+                    _compile_in_workers(self.module, [key], key)
+                    fn = self._load(key)
+            fn = fn or self._compile(key)
             self._loaded[key] = fn
         return fn
 
@@ -68,22 +73,31 @@ class VariantTable:
         return key in self._loaded
 
     def _compile(self, key: str) -> Callable:
+        """Compile `key` in this process (a disk-cache load under FLYDSL_RUNTIME_RUN_ONLY)."""
         import flydsl.compiler as flyc
 
         jit_cache.install()  # disk-cache artifacts are checked against their keys before use
+        llvm_state.install()
         variant = self.variants[key]
-        return flyc.compile(variant.launcher, *variant.example_args())
+        if os.environ.get(_RUN_ONLY_ENV) or not llvm_state.changed():
+            return flyc.compile(variant.launcher, *variant.example_args())
+        # Reached only when no worker could compile it (they died, or the table is not importable by name).
+        warnings.warn(f"{self.module}:{key} compiled in a process where another compile set LLVM options "
+                      "(amd_kernels/llvm_state.py): its code object may differ from a clean process's, so it is "
+                      "not written to the disk cache", llvm_state.LLVMOptionsChanged, stacklevel=3)
+        with jit_cache.not_stored():
+            return flyc.compile(variant.launcher, *variant.example_args())
 
-    def _try_load_cached(self, key: str) -> bool:
+    def _load(self, key: str) -> Callable | None:
+        """`key` from the disk cache, or None on a miss (an artifact that does not match its key is one)."""
         previous = os.environ.get(_RUN_ONLY_ENV)
         os.environ[_RUN_ONLY_ENV] = "1"
         try:
-            self._loaded[key] = self._compile(key)
-            return True
+            return self._compile(key)
         except RuntimeError as err:
             if "RUN_ONLY" not in str(err):
                 raise
-            return False
+            return None
         finally:
             if previous is None:
                 os.environ.pop(_RUN_ONLY_ENV, None)
@@ -96,12 +110,17 @@ class VariantTable:
         compile_watch.install()
         with _warm_lock, compile_watch.warming(arm):
             start = time.perf_counter()
-            pending = [k for k in keys if k not in self._loaded]
-            misses = [k for k in pending if not self._try_load_cached(k)]
+            misses = []
+            for key in (k for k in keys if k not in self._loaded):
+                fn = self._load(key)
+                if fn is None:
+                    misses.append(key)
+                else:
+                    self._loaded[key] = fn
             if misses:
                 _compile_in_workers(self.module, misses, label)
                 for key in _progress(misses, f"{label}: loading"):
-                    self._loaded[key] = self._compile(key)
+                    self._loaded[key] = self._load(key) or self._compile(key)
             return {"variants": len(keys), "compiled": len(misses), "seconds": time.perf_counter() - start}
 
 
@@ -205,8 +224,9 @@ def worker_count() -> int:
 def _compile_in_workers(module: str, keys: list[str], label: str) -> None:
     global _pool
     size = worker_count()
-    if _pool is None and (len(keys) == 1 or size <= 1):
-        # A lone miss compiles faster here than in a worker that still has to import torch and FlyDSL.
+    if _pool is None and (len(keys) == 1 or size <= 1) and not llvm_state.changed():
+        # A lone miss compiles faster here than in a worker that still has to import torch and FlyDSL
+        # (but never in a process whose LLVM options another compile changed: llvm_state.py).
         for key in _progress(keys, f"{label}: compiling"):
             importlib.import_module(module).VARIANTS._compile(key)
         return
@@ -222,6 +242,9 @@ def _worker_loop() -> None:
         start = time.perf_counter()
         try:
             importlib.import_module(request["module"]).VARIANTS._compile(request["key"])
+            if llvm_state.changed():  # a worker compiles only our variants, which set no LLVM option
+                raise RuntimeError(f"compiling {request['key']} set LLVM options; later compiles in this "
+                                   "worker would differ from a clean process's (amd_kernels/llvm_state.py)")
             reply = {"seconds": time.perf_counter() - start}
         except Exception:  # noqa: BLE001 - the traceback goes back to the process that asked
             reply = {"error": traceback.format_exc()[-4000:]}

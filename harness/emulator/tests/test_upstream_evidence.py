@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -49,7 +48,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import emulator
+from harness import emulator, own_process
 from harness.emulator import mfma
 
 emulator.install()
@@ -265,23 +264,13 @@ def test_flydsl_mxfp4_preshuffle_rejects_fp8_contiguous(monkeypatch):
     assert _run_mx("fp8", "fp4", 32, 128, 512, 32, 128, 256) < 0.9
 
 
-# FlyDSL's flash attention compiles under llvm_options {"lsr-drop-solution": True}, which stays in force in the
-# process after FlyDSL restores it: a later compile of our kernels there gives another code object under the
-# same cache key, which the disk cache keeps (shown in a plain script in stop 43; a CI-equivalent run here failed
-# test_moe_prefill on such a cache). Its tests run in a pytest process of their own.
-OWN_PROCESS_ENV = "AMD_KERNELS_TEST_OWN_PROCESS"
-
-
+# FlyDSL's flash attention compiles under llvm_options {"lsr-drop-solution": True}, and FlyDSL's restore leaves
+# the option explicitly false (kernels/llvm_state.py): later compiles in the process differ (our warm-up then
+# compiles in its workers, but a test calling flyc.compile directly would not). Its tests run in a process of their own.
 def _runs_here(request) -> bool:
-    """True in the test's own process; elsewhere runs the test there, fails unless it passed, and returns False."""
+    """True in the test's own process (harness.own_process); there its LLVM options cannot reach other tests."""
     _need_fly("kernels/attention/flash_attn_gfx950.py")
-    if os.environ.get(OWN_PROCESS_ENV):
-        return True
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-                           request.node.nodeid], env={**os.environ, OWN_PROCESS_ENV: "1"},
-                          cwd=request.config.rootpath, capture_output=True, text=True)
-    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
-    return False
+    return own_process.runs_here(request)
 
 
 def _run_flash(B, S, H, HKV, D, causal):
