@@ -56,9 +56,36 @@ def _inputs(p, dev):
 
 @pytest.mark.parametrize("tier", ["moe.prefill", "moe.prefill128"])
 def test_prefill_bitwise_equal_to_the_16_row_tier(pipeline, tier):
+    _check_tier(*pipeline, tier)
+
+
+def test_prefill_tiers_right_when_llvm_keeps_every_lsr_solution(request):
+    """The same check on code objects compiled under LLVM's lsr-drop-solution=false (the state FlyDSL's
+    llvm_options restore leaves a process in, kernels/llvm_state.py). There the scan's last add once sank into
+    quant_sort's lane-0 branch, whose readlane of lane 63 then read a partial sum: no super-tiles, both prefill
+    tiers computed nothing. A kernel whose bits follow such a codegen choice reads undefined lanes."""
+    import flydsl.compiler as flyc
+    from flydsl.compiler.kernel_function import CompilationContext
+
+    from amd_kernels import warm_up
+    from amd_kernels.moe import mxfp4_moe
+    from harness import own_process
+
+    if not own_process.runs_here(request):  # the option stays changed in the process that compiled under it
+        return
+    p = mxfp4_moe.build(2880, 384, E, TOP_K, "gptoss", "test_moe_prefill_lsr", small_m_waves=8, prefill_from=256)
+    table = warm_up.VariantTable("harness.test_moe_prefill_lsr", {k: warm_up.Variant(*v) for k, v in p.variants.items()})
+    for key in ("moe.full", "moe.prefill", "moe.prefill128"):  # their own cache keys: the options are in them
+        variant = table.variants[key]
+        with CompilationContext.compile_hints({"llvm_options": {"lsr-drop-solution": False}}):
+            table._loaded[key] = flyc.compile(variant.launcher, *variant.example_args())
+    for tier in ("moe.prefill", "moe.prefill128"):
+        _check_tier(p, table, tier)
+
+
+def _check_tier(p, table, tier):
     from amd_kernels.moe.mxfp4_moe import prefill
 
-    p, table = pipeline
     assert p.variant_for(256) == "moe.prefill" and p.variant_for(255) != "moe.prefill"
     assert prefill.gate_up_steps(p.geometry, 8) == (1 if p.geometry.small_m_waves else 2)
     dev = devices.current().torch_device
