@@ -8,6 +8,8 @@ test_batch_invariance."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -79,8 +81,14 @@ def test_prefill_tiers_right_when_llvm_keeps_every_lsr_solution(request):
         variant = table.variants[key]
         with CompilationContext.compile_hints({"llvm_options": {"lsr-drop-solution": False}}):
             table._loaded[key] = flyc.compile(variant.launcher, *variant.example_args())
-    for tier in ("moe.prefill", "moe.prefill128"):
-        _check_tier(p, table, tier)
+    sanitized = contextlib.nullcontext()
+    if devices.current().emulated:  # the emulator's "lanes" detector names the read of a skipped lane
+        from harness import emulator
+
+        sanitized = emulator.options(sanitize=True)
+    with sanitized:
+        for tier in ("moe.prefill", "moe.prefill128"):
+            _check_tier(p, table, tier)
 
 
 def _check_tier(p, table, tier):

@@ -38,6 +38,12 @@ checked as it completed (the same text, naming the instruction it completed at: 
 the drain at a wave's end, its s_endpgm), and before any error raised later in the epoch. A workgroup of one
 wave cannot race and keeps no records.
 
+Inactive lanes (detector "lanes"). `v_readlane_b32` reads one lane whatever EXEC holds. Where the VGPR it
+reads was written after the latest EXEC write on the straight-line path to it (no branch target between:
+`stale_readlanes`), that write ran under the EXEC the readlane sees; a lane outside it kept whatever the
+register held before, a value LLVM treats as undefined (its machine sinking may move the last step of a wave
+scan into a lane-0 branch: stop 44's quant_sort bug). Reading such a lane is reported.
+
 Memory checking: see MemoryMap.
 """
 
@@ -50,7 +56,8 @@ from collections import deque
 
 import numpy as np
 
-from .operands import parse_operand
+from .operands import parse_operand, scalar_reader
+from .state import EXEC_HI, EXEC_LO
 
 VBASE = 128        # register-slot bit of VGPR row 0 (SGPRs take bits 0..127)
 
@@ -61,7 +68,7 @@ class SanitizerError(RuntimeError):
         self.kind = kind
 
 
-ALL_DETECTORS = frozenset({"waits", "hazards", "races", "interleave"})
+ALL_DETECTORS = frozenset({"waits", "hazards", "races", "interleave", "lanes"})
 
 
 def detectors(spec) -> frozenset:
@@ -188,6 +195,58 @@ class StaticInfo:
                     self.hz_reads[i] = allm
             if m == "s_nop":
                 self.wait_states[i] = (inst.words[0] & 0xF) + 1 if inst.words else 1
+
+
+def _writes_exec(inst) -> bool:
+    m = inst.mnemonic
+    return ("saveexec" in m or "wrexec" in m or m.startswith("v_cmpx")
+            or bool(inst.operands) and inst.operands[0] in ("exec", "exec_lo", "exec_hi"))
+
+
+def _ends_path(inst) -> bool:
+    return inst.mnemonic in ("s_branch", "s_endpgm", "s_setpc_b64", "s_swappc_b64")
+
+
+def _vgpr_rows(mask: int) -> range:
+    rows = mask >> VBASE
+    if not rows:
+        return range(0)
+    low = (rows & -rows).bit_length() - 1
+    return range(low, rows.bit_length())
+
+
+def stale_readlanes(program, acc: int) -> dict:
+    """index -> (writer pc, VGPR row) for each v_readlane_b32 whose source VGPR was last written after the
+    latest EXEC write on the straight-line path to it (no branch target in between) by an instruction that
+    writes under EXEC (a VALU or a load; not an MFMA or v_writelane, which clear the row: not reported)."""
+    from .ops_scalar import _branch_target
+
+    insts = sorted(program.insts.values(), key=lambda x: x.pc)
+    targets = {_branch_target(x) for x in insts
+               if x.mnemonic == "s_branch" or x.mnemonic.startswith("s_cbranch")}
+    out = {}
+    written: dict[int, int] = {}      # VGPR row -> pc of its last write since the path's latest EXEC write
+    for inst in insts:
+        if inst.pc in targets:
+            written.clear()
+        m = inst.mnemonic
+        if m == "v_readlane_b32" and len(inst.operands) > 1:
+            for row in _vgpr_rows(op_mask(inst.operands[1], acc)):
+                if row in written:
+                    out[(inst.pc - program.base) >> 2] = (written[row], row)
+        if _writes_exec(inst) or _ends_path(inst):
+            written.clear()
+            continue
+        if not inst.operands or not (m.startswith("v_") or (is_memory(m) and _load_dst(inst))):
+            continue
+        rows = _vgpr_rows(op_mask(inst.operands[0], acc))
+        if m.startswith(("v_mfma", "v_smfmac", "v_writelane", "v_readlane", "v_readfirstlane", "v_cmp")):
+            for row in rows:
+                written.pop(row, None)
+        else:
+            for row in rows:
+                written[row] = inst.pc
+    return out
 
 
 def waitcnt_fields(inst) -> tuple[int, int]:
@@ -590,7 +649,7 @@ def _seq(ld):
 class WaveSan:
     """Outstanding memory operations, MFMA hazards and the handles handlers call."""
 
-    __slots__ = ("wave", "waits", "hazards_on", "races", "mem", "lds", "vm", "lgkm", "pend", "overlap", "hazards",
+    __slots__ = ("wave", "waits", "hazards_on", "lanes_on", "races", "mem", "lds", "vm", "lgkm", "pend", "overlap", "hazards",
                  "clock",
                  "hz_dst", "static", "insts", "base", "cur_pc")
 
@@ -598,6 +657,7 @@ class WaveSan:
         self.wave = wave
         self.waits = "waits" in det
         self.hazards_on = "hazards" in det
+        self.lanes_on = "lanes" in det
         self.races = lds_shadow if "races" in det else None
         self.mem = mem
         self.vm = deque()          # entries: [mask, apply, lds_rec, pc]
@@ -906,6 +966,9 @@ class Instrumented:
                 table[i] = (_mfma_handler(fn, i), nxt)
             elif m.startswith(("s_load", "s_buffer_load")):
                 table[i] = (_smem_handler(fn, inst, self.static.dst[i]), nxt)
+        for i, (writer, row) in stale_readlanes(program, acc).items():
+            inst = program.insts[program.base + 4 * i]
+            table[i] = (_readlane_handler(table[i][0], inst, program.insts[writer], row, acc), table[i][1])
         self.table = table
 
 
@@ -956,6 +1019,25 @@ def _mfma_handler(fn, i):
             if sans:
                 WaveSan.mfma_issued_all(sans, i)
         h.group = group
+    return h
+
+
+def _readlane_handler(fn, inst, writer, row, acc):
+    """v_readlane_b32 after a write under the current EXEC (stale_readlanes): its lane must be in EXEC."""
+    sel = scalar_reader(parse_operand(inst.operands[2]))
+    reg = f"v{row}" if row < acc else f"a{row - acc}"
+
+    def h(w):
+        s = w.san
+        if s is not None and s.lanes_on:
+            lane = sel(w) & 63
+            ex = w.s[EXEC_LO] | (w.s[EXEC_HI] << 32)
+            if not (ex >> lane) & 1:
+                raise SanitizerError(
+                    "inactive-lane", f"reads lane {lane} of {reg}, but '{writer.text.strip()}' (pc {writer.pc:#x}) "
+                    f"last wrote {reg} under this EXEC ({ex:#018x}), which leaves lane {lane} out: the lane holds "
+                    "an older value (undefined to LLVM); read the lane where it is active, before the branch")
+        return fn(w)
     return h
 
 

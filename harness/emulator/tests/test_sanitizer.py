@@ -285,3 +285,29 @@ def test_stored_intervals_give_exactly_the_sampled_tiles():
         done[8 * x: 8 * x + 8, 64 * y: 64 * y + 64] = True
     assert torch.equal(checks.stored_mask(recs, C), done)
     assert torch.equal(C[done], (A + B)[done])
+
+
+# ---- readlane of a lane the last write skipped -------------------------------------------------------------
+
+LANE0 = "  v_cmp_eq_u32 vcc, 0, v0\n  s_and_saveexec_b64 s[30:31], vcc\n"    # lane 0 only, as `if lane == 0:`
+DONE = "  s_or_b64 exec, exec, s[30:31]\n"
+
+
+def test_readlane_of_a_lane_the_last_write_skipped_is_reported():
+    """The shape of stop 44's quant_sort bug: the scan's last add sunk into the lane-0 branch, then lane 63
+    read: it holds the value from before the add."""
+    with pytest.raises(emulator.LaunchError) as err:
+        asmkernel.run(LANE0 + "  v_add_u32 v6, v2, v3\n  v_readlane_b32 s40, v6, 63\n" + DONE, options=SAN)
+    assert "inactive-lane" in str(err.value) and "lane 63 of v6" in str(err.value)
+    assert "v_add_u32_e32 v6, v2, v3" in str(err.value) and "0x0000000000000001" in str(err.value)
+    # the add before the branch (all lanes written), or a read of the active lane: no report
+    asmkernel.run("  v_add_u32 v6, v2, v3\n" + LANE0 + "  v_readlane_b32 s40, v6, 63\n" + DONE, options=SAN)
+    asmkernel.run(LANE0 + "  v_add_u32 v6, v2, v3\n  v_readlane_b32 s40, v6, 0\n" + DONE, options=SAN)
+    # the lane number from an SGPR, and the write a load under the narrowed EXEC
+    with pytest.raises(emulator.LaunchError) as err:
+        asmkernel.run(LANE0 + "  global_load_dword v6, v1, s[20:21]\n  s_waitcnt vmcnt(0)\n  s_mov_b32 s41, 5\n"
+                      "  v_readlane_b32 s40, v6, s41\n" + DONE, options=SAN)
+    assert "lane 5 of v6" in str(err.value)
+    # a branch target between the write and the read: another path may reach it, no claim is made
+    asmkernel.run(LANE0 + "  v_add_u32 v6, v2, v3\n  s_branch BB\nBB:\n  v_readlane_b32 s40, v6, 63\n" + DONE,
+                  options=SAN)
