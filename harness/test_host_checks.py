@@ -63,9 +63,11 @@ def test_a_row_slice_of_x_scales_is_accepted_and_read_correctly():
 @pytest.mark.parametrize("value", ["abc", "-2", "1.5"])
 def test_a_bad_compile_workers_value_names_the_variable(value, monkeypatch):
     monkeypatch.setenv(warm_up.WORKERS_ENV, value)
+    import amd_kernels.norm.rmsnorm_h2880 as pkg
+
     monkeypatch.setattr(warm_up, "_pool", None)
     with pytest.raises(ValueError, match=f"^{warm_up.WORKERS_ENV}: .*{value!r}"):
-        warm_up._compile_in_workers("amd_kernels.norm.rmsnorm_h2880", ["rmsnorm.decode", "rmsnorm.prefill"], "t")
+        warm_up._compile_in_workers(pkg.VARIANTS, ["rmsnorm.decode", "rmsnorm.prefill"], "t")
 
 
 def test_torch_compile_raises_the_argument_error_while_tracing():

@@ -72,15 +72,21 @@ def test_prefill_tiers_right_when_llvm_keeps_every_lsr_solution(request):
     from amd_kernels import warm_up
     from amd_kernels.moe import mxfp4_moe
     from harness import own_process
+    from harness.isa import code_object_of
 
     if not own_process.runs_here(request):  # the option stays changed in the process that compiled under it
         return
-    p = mxfp4_moe.build(2880, 384, E, TOP_K, "gptoss", "test_moe_prefill_lsr", small_m_waves=8, prefill_from=256)
-    table = warm_up.VariantTable("harness.test_moe_prefill_lsr", {k: warm_up.Variant(*v) for k, v in p.variants.items()})
+    name = "test_moe_prefill_lsr"
+    p = mxfp4_moe.build(2880, 384, E, TOP_K, "gptoss", name, small_m_waves=8, prefill_from=256)
+    table = warm_up.VariantTable(f"harness.{name}", {k: warm_up.Variant(*v) for k, v in p.variants.items()})
+    prefill = table.variants["moe.prefill"]
+    default = code_object_of(flyc.compile(prefill.launcher, *prefill.example_args()))  # before any option is set
     for key in ("moe.full", "moe.prefill", "moe.prefill128"):  # their own cache keys: the options are in them
         variant = table.variants[key]
         with CompilationContext.compile_hints({"llvm_options": {"lsr-drop-solution": False}}):
             table._loaded[key] = flyc.compile(variant.launcher, *variant.example_args())
+    assert code_object_of(table._loaded["moe.prefill"]) != default, \
+        "the option no longer changes this code: the test checks nothing the tier test does not"
     sanitized = contextlib.nullcontext()
     if devices.current().emulated:  # the emulator's "lanes" detector names the read of a skipped lane
         from harness import emulator

@@ -11,9 +11,11 @@ shared disk cache then serves it to every process. Measured (stop 44): under `ls
 of our 85 variants compile to other code objects, and one of them (quant_sort's super-tile count, since
 fixed) computed nothing.
 
-LLVM offers no way to read an option back or return it to unset, so a process where one was set never
-compiles our variants: `changed()` says so, and kernels/warm_up.py then sends every compile to its worker
-processes (fresh interpreters that compile only our variants) and only loads artifacts here.
+FlyDSL's setters give back an option's old value, but nothing returns an option to unset, so a process where
+one was set never compiles our variants: `changed()` says so, and kernels/warm_up.py then sends every compile
+to its worker processes (fresh interpreters that compile only our variants) and only loads artifacts here.
+What `changed()` sees: any use of FlyDSL's `llvm_options()` (the compile_hints path), whenever it ran, and a
+direct call of FlyDSL's native setters made after `install()` (warm-up's first compile or load installs it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _set_seen = False  # a setter ran after install()
 
 
 def changed() -> bool:
-    """True once any LLVM option was set in this process through FlyDSL (before or after install())."""
+    """True once FlyDSL's llvm_options() ran in this process, or a native setter ran after install()."""
     if _set_seen:
         return True
     # FlyDSL's llvm_options() caches its native module in this global on first use: a hinted compile ran.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -60,26 +61,27 @@ class VariantTable:
         """The compiled function of `key`; compiling here (outside a warm-up) is reported by compile_watch."""
         fn = self._loaded.get(key)
         if fn is None:
-            if llvm_state.changed():  # this process's LLVM options are not LLVM's own: a worker compiles
-                fn = self._load(key)
-                if fn is None:
-                    _compile_in_workers(self.module, [key], key)
+            with _warm_lock:  # _load sets FLYDSL_RUNTIME_RUN_ONLY for the process; the pool is shared
+                if llvm_state.changed():  # this process's LLVM options are not LLVM's own: a worker compiles
                     fn = self._load(key)
-            fn = fn or self._compile(key)
-            self._loaded[key] = fn
+                    if fn is None:
+                        _compile_in_workers(self, [key], key)
+                        fn = self._load(key)
+                fn = fn or self._compile(key)
+                self._loaded[key] = fn
         return fn
 
     def is_loaded(self, key: str) -> bool:
         return key in self._loaded
 
-    def _compile(self, key: str) -> Callable:
-        """Compile `key` in this process (a disk-cache load under FLYDSL_RUNTIME_RUN_ONLY)."""
+    def _compile(self, key: str, load_only: bool = False) -> Callable:
+        """Compile `key` in this process (`load_only`: _load's disk-cache load, which writes nothing)."""
         import flydsl.compiler as flyc
 
         jit_cache.install()  # disk-cache artifacts are checked against their keys before use
         llvm_state.install()
         variant = self.variants[key]
-        if os.environ.get(_RUN_ONLY_ENV) or not llvm_state.changed():
+        if load_only or not llvm_state.changed():
             return flyc.compile(variant.launcher, *variant.example_args())
         # Reached only when no worker could compile it (they died, or the table is not importable by name).
         warnings.warn(f"{self.module}:{key} compiled in a process where another compile set LLVM options "
@@ -93,7 +95,7 @@ class VariantTable:
         previous = os.environ.get(_RUN_ONLY_ENV)
         os.environ[_RUN_ONLY_ENV] = "1"
         try:
-            return self._compile(key)
+            return self._compile(key, load_only=True)
         except RuntimeError as err:
             if "RUN_ONLY" not in str(err):
                 raise
@@ -118,7 +120,7 @@ class VariantTable:
                 else:
                     self._loaded[key] = fn
             if misses:
-                _compile_in_workers(self.module, misses, label)
+                _compile_in_workers(self, misses, label)
                 for key in _progress(misses, f"{label}: loading"):
                     self._loaded[key] = self._load(key) or self._compile(key)
             return {"variants": len(keys), "compiled": len(misses), "seconds": time.perf_counter() - start}
@@ -198,6 +200,10 @@ class _CompilePool:
         for key in lost:
             importlib.import_module(module).VARIANTS._compile(key)
 
+    def grow(self, size: int) -> None:
+        """At least `size` workers (a pool started for one key grows when a batch comes)."""
+        self._procs += [self._spawn() for _ in range(size - len(self._procs))]
+
     def close(self) -> None:
         for proc in self._procs:
             if proc.poll() is None:
@@ -221,18 +227,32 @@ def worker_count() -> int:
     return size or (os.cpu_count() or 1)
 
 
-def _compile_in_workers(module: str, keys: list[str], label: str) -> None:
+def _compile_in_workers(table: VariantTable, keys: list[str], label: str) -> None:
+    """Compile `keys` of `table` into the disk cache: in the worker pool, or here when that is faster (a lone
+    miss) and this process's LLVM options are LLVM's own (llvm_state.py)."""
     global _pool
     size = worker_count()
-    if _pool is None and (len(keys) == 1 or size <= 1) and not llvm_state.changed():
-        # A lone miss compiles faster here than in a worker that still has to import torch and FlyDSL
-        # (but never in a process whose LLVM options another compile changed: llvm_state.py).
+    changed = llvm_state.changed()
+    if changed and not _importable(table.module):  # a table no worker can import: compiled here, warned
+        for key in keys:
+            table._compile(key)
+        return
+    if _pool is None and (len(keys) == 1 or size <= 1) and not changed:
+        # A lone miss compiles faster here than in a worker that still has to import torch and FlyDSL.
         for key in _progress(keys, f"{label}: compiling"):
-            importlib.import_module(module).VARIANTS._compile(key)
+            table._compile(key)
         return
     if _pool is None:
-        _pool = _CompilePool(size)
-    _pool.compile(module, keys, label)
+        _pool = _CompilePool(min(size, len(keys)))
+    _pool.grow(min(size, len(keys)))
+    _pool.compile(table.module, keys, label)
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # its parent package is not importable either
+        return False
 
 
 def _worker_loop() -> None:

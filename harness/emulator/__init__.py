@@ -6,9 +6,10 @@
         my_flydsl_fn(x_cpu, y_cpu)        # CPU torch tensors: device pointers are host addresses
     recs[0].counters, recs[0].workgroups_executed, recs[0].stored
 
-Sanitizer (sanitizer.py): `options(sanitize=True)` turns on missing-wait, MFMA-hazard and LDS-race detection
-and seeded wave interleaving; `guard(inputs)` adds memory checking (out-of-bounds and uninitialized reads)
-against the tensors the block receives and creates. Reports raise SanitizerReport (a LaunchError).
+Sanitizer (sanitizer.py): `options(sanitize=True)` turns on missing-wait, MFMA-hazard, LDS-race and
+inactive-lane (a v_readlane of a lane the last write skipped) detection and seeded wave interleaving;
+`guard(inputs)` adds memory checking (out-of-bounds and uninitialized reads) against the tensors the block
+receives and creates. Reports raise SanitizerReport (a LaunchError).
 
 install() loads a substitute libamdhip64.so.7 (hip_shim.c) with RTLD_GLOBAL, so FlyDSL's JIT runtime binds
 to it; module loads and launches then come to runtime.py, which decodes the code object with llvm-objdump-22
@@ -121,7 +122,7 @@ def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, exe
     the workgroups of each launch from the launch itself; `pointers` are its global-buffer arguments in
     order (one per tensor) and read(address, nbytes) -> bytes reads memory the earlier launches wrote.
 
-    sanitize: True (every detector) or a set of 'waits', 'hazards', 'races', 'interleave'; interleave_seed
+    sanitize: True (every detector) or a set of 'waits', 'hazards', 'races', 'interleave', 'lanes'; interleave_seed
     seeds the wave interleaving (default: the workgroup order seed); memory: a guard() (usually set by it).
     lockstep: False runs every wave alone (engine.LOCKSTEP, on unless AMD_KERNELS_EMULATOR_LOCKSTEP=0, is
     the default); the results, counters and reports are the same either way.

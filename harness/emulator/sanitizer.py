@@ -218,10 +218,16 @@ def _vgpr_rows(mask: int) -> range:
 def stale_readlanes(program, acc: int) -> dict:
     """index -> (writer pc, VGPR row) for each v_readlane_b32 whose source VGPR was last written after the
     latest EXEC write on the straight-line path to it (no branch target in between) by an instruction that
-    writes under EXEC (a VALU or a load; not an MFMA or v_writelane, which clear the row: not reported)."""
+    writes under EXEC (a VALU or a load). An MFMA write clears the row (all lanes); v_writelane (one lane,
+    whatever EXEC) leaves it as it was, so a read of the very lane it wrote, outside EXEC, would be reported.
+    Conservative (misses, never a false claim): an instruction with exec as operand 0 counts as an EXEC write
+    even when it only reads it (s_cmp), and second destinations (v_swap) are not followed. A program with
+    s_setpc_b64 (a long branch: its targets are not in the encoding) gets no candidates."""
     from .ops_scalar import _branch_target
 
     insts = sorted(program.insts.values(), key=lambda x: x.pc)
+    if any(x.mnemonic == "s_setpc_b64" for x in insts):
+        return {}
     targets = {_branch_target(x) for x in insts
                if x.mnemonic == "s_branch" or x.mnemonic.startswith("s_cbranch")}
     out = {}
@@ -237,10 +243,12 @@ def stale_readlanes(program, acc: int) -> dict:
         if _writes_exec(inst) or _ends_path(inst):
             written.clear()
             continue
-        if not inst.operands or not (m.startswith("v_") or (is_memory(m) and _load_dst(inst))):
+        if not inst.operands or m.startswith(("v_writelane", "v_readlane", "v_readfirstlane", "v_cmp")):
+            continue
+        if not (m.startswith("v_") or (is_memory(m) and _load_dst(inst) and "load_lds" not in m)):
             continue
         rows = _vgpr_rows(op_mask(inst.operands[0], acc))
-        if m.startswith(("v_mfma", "v_smfmac", "v_writelane", "v_readlane", "v_readfirstlane", "v_cmp")):
+        if m.startswith(("v_mfma", "v_smfmac")):
             for row in rows:
                 written.pop(row, None)
         else:
@@ -649,7 +657,8 @@ def _seq(ld):
 class WaveSan:
     """Outstanding memory operations, MFMA hazards and the handles handlers call."""
 
-    __slots__ = ("wave", "waits", "hazards_on", "lanes_on", "races", "mem", "lds", "vm", "lgkm", "pend", "overlap", "hazards",
+    __slots__ = ("wave", "waits", "hazards_on", "lanes_on", "races", "mem", "lds", "vm", "lgkm", "pend", "overlap",
+                 "hazards",
                  "clock",
                  "hz_dst", "static", "insts", "base", "cur_pc")
 

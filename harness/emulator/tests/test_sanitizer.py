@@ -308,6 +308,12 @@ def test_readlane_of_a_lane_the_last_write_skipped_is_reported():
         asmkernel.run(LANE0 + "  global_load_dword v6, v1, s[20:21]\n  s_waitcnt vmcnt(0)\n  s_mov_b32 s41, 5\n"
                       "  v_readlane_b32 s40, v6, s41\n" + DONE, options=SAN)
     assert "lane 5 of v6" in str(err.value)
-    # a branch target between the write and the read: another path may reach it, no claim is made
-    asmkernel.run(LANE0 + "  v_add_u32 v6, v2, v3\n  s_branch BB\nBB:\n  v_readlane_b32 s40, v6, 63\n" + DONE,
-                  options=SAN)
+    # a branch target between the write and the read: another path may reach it, no claim is made (the
+    # branch falls through to its own target, so only the target ends the straight-line path)
+    asmkernel.run(LANE0 + "  v_add_u32 v6, v2, v3\n  s_cmp_eq_u32 s0, s0\n  s_cbranch_scc0 BB\nBB:\n"
+                  "  v_readlane_b32 s40, v6, 63\n" + DONE, options=SAN)
+    # a conditional branch that is not taken keeps the path straight: reported
+    with pytest.raises(emulator.LaunchError) as err:
+        asmkernel.run(LANE0 + "  v_add_u32 v6, v2, v3\n  s_cmp_eq_u32 s0, s0\n  s_cbranch_scc0 BB\n"
+                      "  v_readlane_b32 s40, v6, 63\nBB:\n" + DONE, options=SAN)
+    assert "lane 63 of v6" in str(err.value)
