@@ -146,6 +146,7 @@ def test_llvm_options_another_compile_left_do_not_reach_our_code_objects(request
     import hashlib
     import importlib
 
+    import flydsl.compiler as flyc
     from flydsl.compiler.llvm_options import llvm_options
 
     from amd_kernels import llvm_state
@@ -170,8 +171,6 @@ def test_llvm_options_another_compile_left_do_not_reach_our_code_objects(request
     with llvm_options({"lsr-drop-solution": True}):  # what FlyDSL does around a hinted compile
         pass
     assert llvm_state.changed()
-    import flydsl.compiler as flyc
-
     unguarded = compiled_with_empty_caches("unguarded", lambda: flyc.compile(variant.launcher, *variant.example_args()))
     assert unguarded != clean, "FlyDSL's restore no longer changes later compiles: llvm_state's guard may go"
     monkeypatch.setenv(warm_up.WORKERS_ENV, "1")

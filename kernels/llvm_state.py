@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 
+
 class LLVMOptionsChanged(RuntimeWarning):
     """One of our variants had to compile in a process whose LLVM options another compile set."""
 

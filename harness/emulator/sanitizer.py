@@ -220,8 +220,8 @@ def stale_readlanes(program, acc: int) -> dict:
     latest EXEC write on the straight-line path to it (no branch target in between) by an instruction that
     writes under EXEC (a VALU or a load). An MFMA write clears the row (all lanes); v_writelane (one lane,
     whatever EXEC) leaves it as it was, so a read of the very lane it wrote, outside EXEC, would be reported.
-    Conservative (misses, never a false claim): an instruction with exec as operand 0 counts as an EXEC write
-    even when it only reads it (s_cmp), and second destinations (v_swap) are not followed. A program with
+    Where unsure it leaves a readlane out (a miss, not a false report): an instruction with exec as operand 0
+    counts as an EXEC write even when it only reads it (s_cmp), and second destinations (v_swap) are not followed. A program with
     s_setpc_b64 (a long branch: its targets are not in the encoding) gets no candidates."""
     from .ops_scalar import _branch_target
 
@@ -658,9 +658,7 @@ class WaveSan:
     """Outstanding memory operations, MFMA hazards and the handles handlers call."""
 
     __slots__ = ("wave", "waits", "hazards_on", "lanes_on", "races", "mem", "lds", "vm", "lgkm", "pend", "overlap",
-                 "hazards",
-                 "clock",
-                 "hz_dst", "static", "insts", "base", "cur_pc")
+                 "hazards", "clock", "hz_dst", "static", "insts", "base", "cur_pc")
 
     def __init__(self, wave, det, static, program, mem, lds_shadow):
         self.wave = wave

@@ -266,7 +266,8 @@ def test_flydsl_mxfp4_preshuffle_rejects_fp8_contiguous(monkeypatch):
 
 # FlyDSL's flash attention compiles under llvm_options {"lsr-drop-solution": True}, and FlyDSL's restore leaves
 # the option explicitly false (kernels/llvm_state.py): later compiles in the process differ (our warm-up then
-# compiles in its workers, but a test calling flyc.compile directly would not). Its tests run in a process of their own.
+# compiles in its workers, but a test calling flyc.compile directly would not). Its tests run in a process of
+# their own.
 def _runs_here(request) -> bool:
     """True in the test's own process (harness.own_process); there its LLVM options cannot reach other tests."""
     _need_fly("kernels/attention/flash_attn_gfx950.py")
