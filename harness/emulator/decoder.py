@@ -25,6 +25,7 @@ FLAG_WORDS = {
     "row_mirror", "row_half_mirror", "nv",
 }
 
+_TARGET = re.compile(r"\s*<[^>]*>\s*$")   # a branch target's annotation
 _LINE = re.compile(r"^\s+(\S+)(.*?)\s*//\s*([0-9A-Fa-f]+):((?:\s+[0-9A-Fa-f]{8})+)")
 
 
@@ -43,23 +44,14 @@ class Inst:
 
 
 def _split_top(s: str, sep: str) -> list[str]:
-    """Split on `sep` outside brackets/parentheses."""
-    out, depth, cur = [], 0, []
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if c in "[(":
-            depth += 1
-        elif c in "])":
-            depth -= 1
-        if depth == 0 and s.startswith(sep, i):
-            out.append("".join(cur))
-            cur = []
-            i += len(sep)
-            continue
-        cur.append(c)
-        i += 1
-    out.append("".join(cur))
+    """Split on the one-character `sep` outside brackets/parentheses."""
+    out, depth = [], 0
+    for piece in s.split(sep):
+        if depth:                       # this sep was inside brackets: the piece continues the last part
+            out[-1] = f"{out[-1]}{sep}{piece}"
+        else:
+            out.append(piece)
+        depth += piece.count("[") + piece.count("(") - piece.count("]") - piece.count(")")
     return [x.strip() for x in out if x.strip()]
 
 
@@ -68,7 +60,7 @@ def _is_modifier(tok: str) -> bool:
 
 
 def parse_line(mnemonic: str, rest: str) -> tuple[list[str], dict]:
-    rest = re.sub(r"\s*<[^>]*>\s*$", "", rest.strip())  # branch target annotation
+    rest = _TARGET.sub("", rest.strip())
     if mnemonic == "s_waitcnt":
         return [rest], {}
     parts = _split_top(rest, ",")

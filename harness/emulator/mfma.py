@@ -803,12 +803,28 @@ def array_rows(x, nrows):
     return Rows(x, np.arange(x.shape[0], dtype=np.int64), 0, nrows)
 
 
+_EXECUTORS = {}     # (mnemonic, modifiers, layouts) -> fast_executor's answer, shared by the MFMAs of a form
+
+
 def fast_executor(mnemonic: str, mods: dict):
     """A function (a, b, c, scale_a, scale_b) -> D equal bit for bit to execute() for this instruction's
     static modifiers (scale_a / scale_b: the scale VGPRs, uint32 (64,), ignored when unscaled), or None
     when the form has no fast path (then call execute()). Forms: f8f6f4 (scaled or not) and the float
     bf16 / f16 / fp8 / bf8 forms, square, f32 out. Its `many` runs a lockstep group of waves (arrays of
-    operands), its `at` the same with the operands read from (and D written to) a register file."""
+    operands), its `at` the same with the operands read from (and D written to) a register file.
+    One per form and layouts (it keeps no state of its own: a kernel's thousands of MFMAs share a few)."""
+    key = (mnemonic, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in mods.items())),
+           _plans_for_current_layouts())
+    try:
+        return _EXECUTORS[key]
+    except KeyError:
+        run = _EXECUTORS[key] = _fast_executor(mnemonic, mods)
+        return run
+    except TypeError:               # an unhashable modifier value: made, not kept
+        return _fast_executor(mnemonic, mods)
+
+
+def _fast_executor(mnemonic: str, mods: dict):
     f = _form(mnemonic)
     if f.out != "f32" or f.M != f.N:
         return None

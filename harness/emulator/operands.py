@@ -6,6 +6,7 @@ broadcast). Scalar values are Python ints.
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ WIDTH = {"b16": 16, "u16": 16, "i16": 16, "f16": 16, "bf16": 16,
 FLOAT_TYPES = {"f16", "bf16", "f32", "f64"}
 
 
-@dataclass
+@dataclass(frozen=True)     # parse_operand hands one instance to every instruction with that token
 class Operand:
     kind: str                 # 's', 'v', 'a', 'const', 'scc', 'execz', 'vccz', 'off'
     index: int = 0
@@ -53,6 +54,7 @@ class OperandError(ValueError):
     pass
 
 
+@functools.lru_cache(maxsize=None)  # a kernel repeats a few thousand distinct tokens in 10^5 operands
 def parse_operand(tok: str) -> Operand:
     text = tok
     neg = abs_ = sext = False

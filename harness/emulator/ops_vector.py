@@ -116,8 +116,6 @@ def build_generic(inst, ctx, base, enc):
         sel = _sdwa_src_sel(inst, i, op) if enc == "sdwa" else None
         if dpp is not None and i == 0:
             raw = dpp.wrap(raw_reader(op, acc, 64 if WIDTH[t] == 64 else 32))
-            plain = parse_operand(op.text.lstrip("-").strip("|"))
-            plain.kind, plain.index = "v", 0
             readers.append(_typed_from_raw(raw, op, t, hi=bool(op_sel[i])))
         else:
             readers.append(typed_reader(op, t, acc, hi=bool(op_sel[i]) and WIDTH[t] == 16, sel=sel))

@@ -18,7 +18,7 @@ import numpy as np
 from . import decoder
 from .codeobject import CodeObject, elf_size, read_code_object
 from .engine import execute
-from .translate import Context, CounterProxy, Program
+from .translate import Context, CounterProxy, Program, gc_paused
 
 HIP_LAUNCH_PARAM_BUFFER_POINTER, HIP_LAUNCH_PARAM_BUFFER_SIZE, HIP_LAUNCH_PARAM_END = 1, 2, 3
 
@@ -27,6 +27,7 @@ _modules: dict[int, CodeObject] = {}
 _functions: dict[int, tuple[int, str]] = {}
 _function_of: dict[tuple[int, str], int] = {}  # (module, kernel) -> handle: FlyDSL asks on every launch
 _programs: dict[tuple[str, int], tuple[Program, CounterProxy]] = {}
+_listings: dict[str, list] = {}   # digest -> decoder.Inst records: parsed once for all kernels of a code object
 _next_handle = [1]
 _pending_error: list[BaseException] = []
 _recorders: list[list] = []
@@ -81,9 +82,11 @@ def program_for(co: CodeObject, kernel_name: str) -> tuple[Program, CounterProxy
     kernel = co.kernels[kernel_name]
     acc = kernel.descriptor.accum_offset
     key = (co.digest, acc)
-    with _lock:
+    with _lock, gc_paused():
         if key not in _programs:
-            insts = decoder.disassemble(co.elf, co.digest)
+            insts = _listings.get(co.digest)
+            if insts is None:
+                insts = _listings[co.digest] = decoder.disassemble(co.elf, co.digest)
             proxy = CounterProxy()
             prog = Program(insts, Context(acc_offset=acc, counters=proxy), co.text_addr, len(co.text))
             _programs[key] = (prog, proxy)
