@@ -470,9 +470,11 @@ def test_fast_path_follows_a_swapped_layout(monkeypatch, name, wrong):
         assert not np.array_equal(wrong_bits, right)
         assert before(a[0], b[0], c[0], sa[0], sb[0]) is None and before.many(a, b, c, sa, sb) is None
         under = mfma.fast_executor(mn, mods)
+        assert under is not before and mfma.fast_executor(mn, dict(mods)) is under   # one per form and layouts
         assert np.array_equal(under.many(a, b, c, sa, sb), wrong_bits)
         monkeypatch.undo()
         assert under.many(a, b, c, sa, sb) is None
+        assert mfma.fast_executor(mn, dict(mods)) is before
         assert np.array_equal(mfma.fast_executor(mn, mods).many(a, b, c, sa, sb), right)
 
 
