@@ -16,7 +16,7 @@ from .codeobject import Kernel
 from .counters import Counters
 from .ops_scalar import BARRIER, ENDPGM
 from .state import EXEC_HI, EXEC_LO, N_VGPR_FILE, WAVE, Wave
-from .translate import Program
+from .translate import Program, gc_paused
 from . import lockstep as lockstep_mod
 from . import sanitizer as san_mod
 
@@ -186,7 +186,8 @@ def run_wave_sanitized(w: Wave, program: Program, table, static, hits: list, bud
 def _instrumented(program: Program, acc: int):
     cache = program.__dict__.setdefault("_sanitizer_tables", {})
     if acc not in cache:
-        cache[acc] = san_mod.Instrumented(program, acc)
+        with gc_paused():                   # per-instruction tables, made once, as translation's
+            cache[acc] = san_mod.Instrumented(program, acc)
     return cache[acc]
 
 
