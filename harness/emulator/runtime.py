@@ -82,14 +82,15 @@ def program_for(co: CodeObject, kernel_name: str) -> tuple[Program, CounterProxy
     kernel = co.kernels[kernel_name]
     acc = kernel.descriptor.accum_offset
     key = (co.digest, acc)
-    with _lock, gc_paused():
+    with _lock:
         if key not in _programs:
-            insts = _listings.get(co.digest)
-            if insts is None:
-                insts = _listings[co.digest] = decoder.disassemble(co.elf, co.digest)
-            proxy = CounterProxy()
-            prog = Program(insts, Context(acc_offset=acc, counters=proxy), co.text_addr, len(co.text))
-            _programs[key] = (prog, proxy)
+            with gc_paused():
+                insts = _listings.get(co.digest)
+                if insts is None:
+                    insts = _listings[co.digest] = decoder.disassemble(co.elf, co.digest)
+                proxy = CounterProxy()
+                prog = Program(insts, Context(acc_offset=acc, counters=proxy), co.text_addr, len(co.text))
+                _programs[key] = (prog, proxy)
         return _programs[key]
 
 

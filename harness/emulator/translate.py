@@ -45,7 +45,8 @@ class CounterProxy:
 def gc_paused():
     """The cyclic collector off while a program is made: translation makes millions of long-lived objects
     (closures, cells, operands), none of them garbage, and each full collection they trigger rescans all of
-    them (on the MoE entry 5x the translation's own work). It runs as usual afterwards."""
+    them (on the MoE entry 5x the translation's own work). Back on afterwards, it scans them as it would
+    any new objects."""
     was = gc.isenabled()
     gc.disable()
     try:
