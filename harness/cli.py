@@ -297,7 +297,7 @@ def _run_multirank(pkg, shape, counts, bar) -> bool:
     triples = [(c.tokens, c.real, checks.seed_of(shape.id, c.tokens, c.real) % 100_000) for c in counts]
     try:
         results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
-                                        world=pkg.ranks, sample_above=pkg.sample_above_tokens)
+                                        world=pkg.ranks, sample_above=pkg.sample_above(shape.op))
     except Exception as e:  # e.g. a rank waiting too long for its peers on a busy machine: the run goes on
         bar.out(f"FAILED: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
         for c in counts:

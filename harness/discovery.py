@@ -31,8 +31,9 @@ class KernelPackage:
     emulator_token_counts: tuple  # token counts the emulator checks by default; () = every regime count
     readme: Path
     # sample only above this token count (kernel.toml `sample_above_tokens`; e.g. the MoE packages run
-    # their small token counts whole)
+    # their small token counts whole); an op may set its own ([emulator.op_sample_above_tokens])
     sample_above_tokens: int = 0
+    emulator_op_sample_above_tokens: dict = field(default_factory=dict)
     # `workgroups = "tokens"`: the token rows a sampled run computes (kernel.toml `sample_tokens`; 0 = the
     # harness's EMULATOR_SAMPLE_TOKENS)
     sample_tokens: int = 0
@@ -46,6 +47,10 @@ class KernelPackage:
     # where no list applies: every regime count up to this many tokens (kernel.toml [emulator]
     # token_counts_up_to; 0 = every count)
     emulator_up_to: int = 0
+
+    def sample_above(self, op: str) -> int:
+        """The token count above which the emulator samples `op`'s launches (its own, else the package's)."""
+        return int(self.emulator_op_sample_above_tokens.get(op, self.sample_above_tokens))
 
     def emulator_counts_for(self, op: str) -> tuple:
         return tuple(self.emulator_op_token_counts.get(op, self.emulator_token_counts))
@@ -102,5 +107,7 @@ def discover() -> dict[str, KernelPackage]:
             emulator_op_invariance_counts={op: tuple(c) for op, c in
                                            data.get("emulator", {}).get("op_invariance_counts", {}).items()},
             emulator_up_to=int(data.get("emulator", {}).get("token_counts_up_to", 0)),
+            emulator_op_sample_above_tokens={op: int(n) for op, n in
+                                              data.get("emulator", {}).get("op_sample_above_tokens", {}).items()},
         )
     return packages

@@ -14,7 +14,7 @@ own partial (the op's builder takes `dims["only_rank"]`: 8192 tokens would be 8 
 - nothing compiles after the entry's warm-up, on any rank;
 - on the emulator both runs are sanitized (missing waits, hazards; memory accesses must stay inside the
   entry's tensors and the communicator's buffers of all ranks);
-- above the package's `sample_above_tokens` (kernel.toml) the emulator runs a seeded sample of
+- above the package's `sample_above_tokens` (kernel.toml; an op may set its own) the emulator runs a seeded sample of
   SAMPLE_WORKGROUPS workgroups, the same on every rank (a workgroup waits only for the peers' workgroup of
   the same index), and only the rows those produce (the package's `emulator_rows`) are compared;
 - a package with tiers by token count (`TWO_STAGE_MIN_TOKENS`) gives the same bytes for every row just below

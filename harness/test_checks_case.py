@@ -4,6 +4,7 @@ where it may (emulator, above sample_above_tokens, an op that mutates no argumen
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import SimpleNamespace
 
@@ -36,6 +37,9 @@ def test_a_case_samples_only_where_it_may():
     assert small.sampling is None and small.emulator_options() == {}
     big = _case(gemm, "mxfp8_gemm", 256, 256)
     assert big.sampling == checks.SAMPLINGS["tiles"] and big.emulator_options()["workgroup_sample"] > 0
+    # an op's own threshold ([emulator.op_sample_above_tokens]) wins over the package's
+    own = dataclasses.replace(PACKAGES[gemm], emulator_op_sample_above_tokens={"mxfp8_gemm": 256})
+    assert dataclasses.replace(big, package=own).sampling is None
     rope = _case("attention/rope_kv_q8_kv1_d64", "rope_kv_write", 8192, 8192)  # mutates the KV cache
     assert rope.sampling is None
     for path in [p for p in PACKAGES if p.startswith("moe/mxfp4_")]:  # the issue's floor: 8 sampled MoE rows
@@ -50,7 +54,7 @@ def _torch_case(entry, tokens: int, real: int) -> checks.Case:
     """A rmsnorm case whose entry is plain torch (no launch): the check path's comparisons alone."""
     shape = next(s for s in cases.op_shapes() if s.op == "rmsnorm")
     package = SimpleNamespace(entry_for_op=lambda op: "entry", entry_inputs=lambda name, inputs: inputs,
-                              sample_above_tokens=tokens, workgroups="")
+                              sample_above=lambda op: tokens, workgroups="")
     return checks.Case(package, entry, "rmsnorm", shape.dims, tokens, real, 0)
 
 

@@ -48,7 +48,7 @@ def _result(shape, count) -> multirank.MultiRankResult:
         counts = [c for c in shape.token_counts if _runs(shape, c)]
         triples = [(c.tokens, c.real, _seed(shape, c)) for c in counts]
         results = multirank.check_cases(pkg.module, pkg.entry_for_op(shape.op), shape.op, shape.dims, triples,
-                                        world=pkg.ranks, sample_above=pkg.sample_above_tokens)
+                                        world=pkg.ranks, sample_above=pkg.sample_above(shape.op))
         _results[shape.id] = {(c.tokens, c.real): r for c, r in zip(counts, results)}
     return _results[shape.id][(count.tokens, count.real)]
 
