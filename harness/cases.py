@@ -45,7 +45,8 @@ def op_shapes(selected_regimes: list[str] | None = None) -> list[OpShape]:
 
 
 def validate() -> list[str]:
-    """Problems in the regimes or declarations: an op with no package or no reference, an unknown entry."""
+    """Problems in the regimes or declarations: an op with no package or no reference, an unknown entry, an
+    [emulator.op_*] table naming an op no entry implements."""
     from references import OPS
 
     problems = []
@@ -65,4 +66,9 @@ def validate() -> list[str]:
                 problems.append(f"kernels/{pkg.path}: entry {entry} names op {op!r} with no reference")
         if not pkg.readme.is_file():
             problems.append(f"kernels/{pkg.path}: no README.md")
+        for table, ops in (("op_token_counts", pkg.emulator_op_token_counts),
+                           ("op_invariance_counts", pkg.emulator_op_invariance_counts),
+                           ("op_sample_above_tokens", pkg.emulator_op_sample_above_tokens)):
+            for op in set(ops) - set(pkg.entries.values()):  # a misspelt op would silently get the default
+                problems.append(f"kernels/{pkg.path}: [emulator.{table}] names {op!r}, no entry's op")
     return problems

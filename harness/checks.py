@@ -309,7 +309,7 @@ class Case:
     @functools.cached_property
     def sampling(self) -> Sampling | None:
         """How the emulator samples this case; None: every workgroup runs (a GPU, a package without a
-        sampling kind, counts up to its sample_above_tokens, and ops that mutate arguments, whose check
+        sampling kind, counts up to its sample_above(op), and ops that mutate arguments, whose check
         needs every write)."""
         if not devices.current().emulated or self.op.mutates or self.tokens <= self.package.sample_above(self.op_name):
             return None

@@ -14,8 +14,9 @@ own partial (the op's builder takes `dims["only_rank"]`: 8192 tokens would be 8 
 - nothing compiles after the entry's warm-up, on any rank;
 - on the emulator both runs are sanitized (missing waits, hazards; memory accesses must stay inside the
   entry's tensors and the communicator's buffers of all ranks);
-- above the package's `sample_above_tokens` (kernel.toml; an op may set its own) the emulator runs a seeded sample of
-  SAMPLE_WORKGROUPS workgroups, the same on every rank (a workgroup waits only for the peers' workgroup of
+- above the package's `sample_above_tokens` (kernel.toml; an op may set its own) the emulator runs a seeded
+  sample of SAMPLE_WORKGROUPS workgroups and the one holding the last real row (the package's
+  `emulator_workgroup_of_row`), the same on every rank (a workgroup waits only for the peers' workgroup of
   the same index), and only the rows those produce (the package's `emulator_rows`) are compared;
 - a package with tiers by token count (`TWO_STAGE_MIN_TOKENS`) gives the same bytes for every row just below
   and at the tier edge (the same inputs at edge - 1 and edge tokens): crossing the edge changes no row (the
@@ -134,13 +135,15 @@ def _cases(entry, mod, comm, rank, op, dims, counts, emulated, sample_above) -> 
         start = time.perf_counter()
         inputs = OPS[op].build_inputs(tokens, {**dims, "only_rank": rank}, seed)  # x [1, ...]: this rank's
         sample = SAMPLE_WORKGROUPS if emulated and sample_above and tokens > sample_above else None
+        # the workgroup holding the last real row runs too: the padding next to it (or in its row group)
+        also = [mod.emulator_workgroup_of_row(tokens, mod.tier(tokens), real - 1)] if sample else []
         runs, counters, rows, projected = [], [], None, None
         for attempt, case_inputs in enumerate((inputs, _pad(inputs, real) if real < tokens else inputs)):
             mine = _mine(case_inputs, 0, emulated)
             if attempt:  # other arrival times: a seeded per-rank delay before the second run
                 time.sleep(random.Random(seed * 31 + rank).uniform(0.0, 0.5))
             outputs, records = _call(entry, mine, comm, emulated, order_seed=seed + attempt, sample=sample,
-                                     sample_seed=seed)
+                                     sample_seed=seed, also=also)
             outs = tuple(o.cpu() for o in _as_tuple(outputs))
             if sample is not None:  # the rows the sampled workgroups produced (the same in both runs)
                 rows = mod.emulator_rows(tokens, mod.tier(tokens), records[-1].workgroups_executed or [])
@@ -180,7 +183,7 @@ def _tier_edge(entry, comm, rank, op, dims, edge, emulated) -> bool:
     return all(torch.equal(_bytes(a), _bytes(b[: edge - 1])) for a, b in zip(_as_tuple(lo), _as_tuple(hi)))
 
 
-def _call(entry, inputs, comm, emulated, order_seed, sample=None, sample_seed=0, sanitize=SANITIZE):
+def _call(entry, inputs, comm, emulated, order_seed, sample=None, sample_seed=0, sanitize=SANITIZE, also=()):
     if not emulated:
         out = entry(**inputs)
         torch.cuda.synchronize()
@@ -188,7 +191,7 @@ def _call(entry, inputs, comm, emulated, order_seed, sample=None, sample_seed=0,
     from harness import emulator
 
     # the same order and sample on every rank (ranks.py): workgroup b waits for the peers' workgroup b
-    opts = dict(workgroup_order_seed=order_seed, workgroup_sample=sample, sample_seed=sample_seed)
+    opts = dict(workgroup_order_seed=order_seed, workgroup_sample=sample, sample_seed=sample_seed, workgroup_also=also)
     if sanitize:
         opts.update(sanitize=True, interleave_seed=order_seed)
     roots = [inputs, comm.inputs, comm.sums, comm.signals]

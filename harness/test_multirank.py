@@ -74,6 +74,22 @@ def test_isa_cards(shape):
             assert card.violations() == [], f"{key}: {card}"
 
 
+@pytest.mark.parametrize("pkg", [p for p in PACKAGES.values() if p.ranks > 1], ids=lambda p: p.path)
+def test_the_workgroup_named_for_a_row_produces_it(pkg):
+    """A sampled run adds the workgroup holding the last real row (multirank._cases): the package's
+    emulator_workgroup_of_row must name one whose emulator_rows hold the row, and every row those hold must name
+    that workgroup back (else it named an id past the grid whose rows merely look right), in both tiers."""
+    import importlib
+
+    mod = importlib.import_module(pkg.module)
+    for tokens in (1, 7, 183, 184, 190, 600, 4100, 8192):
+        tier = mod.tier(tokens)
+        for row in range(tokens):
+            wg = mod.emulator_workgroup_of_row(tokens, tier, row)
+            rows = mod.emulator_rows(tokens, tier, [wg])
+            assert row in rows and {mod.emulator_workgroup_of_row(tokens, tier, r) for r in rows} == {wg}
+
+
 BAD_INPUT_PACKAGES = [p for p in PACKAGES.values()
                       if p.ranks > 1 and "allreduce_fused_add_rmsnorm" in p.entries.values()]
 

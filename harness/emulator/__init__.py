@@ -113,10 +113,11 @@ def launches():
 
 @contextlib.contextmanager
 def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, execute=True, sanitize=_KEEP,
-            interleave_seed=_KEEP, memory=_KEEP, workgroup_filter=None, lockstep=_KEEP):
+            interleave_seed=_KEEP, memory=_KEEP, workgroup_filter=None, lockstep=_KEEP, workgroup_also=()):
     """Launch options for the block: a seeded workgroup order, and/or a seeded sample of N workgroups
-    (the LaunchRecord lists the executed workgroup ids so callers check only those tiles); execute=False
-    takes every launch through FlyDSL and the HIP substitute but runs no kernel code.
+    (the LaunchRecord lists the executed workgroup ids so callers check only those tiles) plus the (x, y, z)
+    ids in `workgroup_also` that the grid holds; execute=False takes every launch through FlyDSL and the HIP
+    substitute but runs no kernel code.
 
     workgroup_filter(kernel_name, grid, pointers, read) -> set of (x, y, z) ids, or None for all: chooses
     the workgroups of each launch from the launch itself; `pointers` are its global-buffer arguments in
@@ -129,7 +130,8 @@ def options(workgroup_order_seed=None, workgroup_sample=None, sample_seed=0, exe
     These four are inherited from an enclosing options() block unless given."""
     opts = dict(runtime.current_options())
     opts.update(workgroup_order_seed=workgroup_order_seed, workgroup_sample=workgroup_sample,
-                sample_seed=sample_seed, execute=execute, workgroup_filter=workgroup_filter)
+                sample_seed=sample_seed, execute=execute, workgroup_filter=workgroup_filter,
+                workgroup_also=tuple(tuple(int(v) for v in i) for i in workgroup_also))
     for key, value in (("sanitize", sanitize), ("interleave_seed", interleave_seed), ("memory", memory),
                        ("lockstep", lockstep)):
         if value is not _KEEP:

@@ -149,8 +149,9 @@ SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 def _parsed(path, seal: str, text: str) -> list[Inst]:
     """parse_listing(text), unpickled from path when that file was made from this listing (its seal) by this
-    decoder and its payload matches its hash; else parsed and the file rewritten (every process that runs a
-    code object parses it: the MoE entry's 3 listings 0.18 CPU-s, from here 0.06)."""
+    decoder and its payload matches its hash; else parsed and the file rewritten, with no warning (every edit
+    of decoder.py makes every file stale; every process that runs a code object parses it: the MoE entry's 3
+    listings 0.18 CPU-s, from here 0.06)."""
     key = hashlib.sha256(f"{SOURCE_HASH}\n{seal}".encode()).hexdigest().encode()
     try:
         data = path.read_bytes()
@@ -160,7 +161,10 @@ def _parsed(path, seal: str, text: str) -> list[Inst]:
         pass
     insts = parse_listing(text)
     payload = pickle.dumps(insts, pickle.HIGHEST_PROTOCOL)
-    _write(path, key + hashlib.sha256(payload).hexdigest().encode() + payload)
+    try:
+        _write(path, key + hashlib.sha256(payload).hexdigest().encode() + payload)
+    except OSError:  # a full disk or a read-only cache: the records are parsed, the file only saves a parse
+        pass
     return insts
 
 

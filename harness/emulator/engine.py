@@ -231,6 +231,7 @@ def execute(program: Program, kernel: Kernel, grid, block, kernarg: np.ndarray, 
         # same tiles; the chosen workgroups then run in the seeded order.
         natural = sorted(ids, key=lambda i: (i[2], i[1], i[0]))
         chosen = {natural[i] for i in random.Random(options.get("sample_seed", 0)).sample(range(len(ids)), n_sample)}
+        chosen |= set(options.get("workgroup_also", ())) & set(ids)
         ids = [i for i in ids if i in chosen]
         sampled = sorted(chosen, key=lambda i: (i[2], i[1], i[0]))
     threads = block[0] * block[1] * block[2]

@@ -806,6 +806,9 @@ def array_rows(x, nrows):
 _EXECUTORS = {}     # (mnemonic, modifiers, layouts) -> fast_executor's answer, shared by the MFMAs of a form
 
 
+_MISSING = object()  # _EXECUTORS holds None for forms with no fast path
+
+
 def fast_executor(mnemonic: str, mods: dict):
     """A function (a, b, c, scale_a, scale_b) -> D equal bit for bit to execute() for this instruction's
     static modifiers (scale_a / scale_b: the scale VGPRs, uint32 (64,), ignored when unscaled), or None
@@ -815,13 +818,10 @@ def fast_executor(mnemonic: str, mods: dict):
     One per form and layouts (it keeps no state of its own: a kernel's thousands of MFMAs share a few)."""
     key = (mnemonic, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in mods.items())),
            _plans_for_current_layouts())
-    try:
-        return _EXECUTORS[key]
-    except KeyError:
+    run = _EXECUTORS.get(key, _MISSING)
+    if run is _MISSING:
         run = _EXECUTORS[key] = _fast_executor(mnemonic, mods)
-        return run
-    except TypeError:               # an unhashable modifier value: made, not kept
-        return _fast_executor(mnemonic, mods)
+    return run
 
 
 def _fast_executor(mnemonic: str, mods: dict):

@@ -58,6 +58,14 @@ def emulator_rows(tokens: int, tier_name: str, workgroups) -> list[int]:
     return sorted(rows)
 
 
+def emulator_workgroup_of_row(tokens: int, tier_name: str, row: int) -> tuple:
+    """The (x, y, z) id of the workgroup that produces token row `row` (emulator_rows' inverse: a sampled run
+    adds the one holding the last real row, so padding next to it, or inside its row group, is checked)."""
+    if tier_name == "one_stage":
+        return (row % kernel.grid_blocks(tokens), 0, 0)
+    return ((row // kernel.RANKS) % kernel.grid_blocks_two_stage(tokens), 0, 0)
+
+
 CHECK_RANKS_ENV = "AMD_KERNELS_CHECK_RANKS"
 
 

@@ -79,6 +79,19 @@ def test_workgroup_sample_runs_only_reported_tiles():
     assert not C[~done].any()
 
 
+def test_workgroup_sample_also_runs_the_named_workgroups():
+    A, B, C = _inputs(64, 256)
+    with emulator.launches() as recs, emulator.options(workgroup_sample=3, sample_seed=5):
+        _vadd(A, B, C)
+    sampled = set(recs[0].workgroups_executed)
+    grid = recs[0].grid
+    extra = next((x, y, 0) for x in range(grid[0]) for y in range(grid[1]) if (x, y, 0) not in sampled)
+    with emulator.launches() as recs, emulator.options(workgroup_sample=3, sample_seed=5,
+                                                       workgroup_also=[extra, (grid[0], 0, 0)]):  # one off the grid
+        _vadd(A, B, C)
+    assert set(recs[0].workgroups_executed) == sampled | {extra}
+
+
 def test_seeded_workgroup_order_gives_same_result():
     A, B, C = _inputs(40, 300)
     with emulator.options(workgroup_order_seed=123):

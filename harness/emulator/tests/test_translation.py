@@ -122,7 +122,7 @@ def test_operands_are_immutable():
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_the_collector_is_restored_after_translation(enabled):
+def test_gc_paused_restores_the_collector(enabled):
     was = gc.isenabled()
     try:
         (gc.enable if enabled else gc.disable)()

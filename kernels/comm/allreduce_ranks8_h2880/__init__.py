@@ -6,7 +6,8 @@ same token count, after amd_kernels.comm.communicator.create(group) on all 8 ran
 """
 
 from amd_kernels.comm import allreduce_entries
-from amd_kernels.comm.allreduce_entries import TWO_STAGE_MIN_TOKENS, emulator_rows, tier  # noqa: F401 (harness)
+from amd_kernels.comm.allreduce_entries import (  # noqa: F401 (harness)
+    TWO_STAGE_MIN_TOKENS, emulator_rows, emulator_workgroup_of_row, tier)
 
 _built = allreduce_entries.build(__name__)
 VARIANTS = _built.VARIANTS  # the warm-up workers import it from here
