@@ -804,9 +804,7 @@ def array_rows(x, nrows):
 
 
 _EXECUTORS = {}     # (mnemonic, modifiers, layouts) -> fast_executor's answer, shared by the MFMAs of a form
-
-
-_MISSING = object()  # _EXECUTORS holds None for forms with no fast path
+_MISSING = object()  # not in _EXECUTORS (which holds None for forms with no fast path)
 
 
 def fast_executor(mnemonic: str, mods: dict):
