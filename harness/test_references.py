@@ -272,6 +272,32 @@ def test_paged_attention_fp8_dequantizes_code_times_scale():
     assert torch.allclose(flat[1, 0].double(), v_mean, atol=1e-2)
 
 
+
+@pytest.mark.parametrize("dims,kw", [
+    ({"query_heads": 8, "kv_heads": 1, "sliding_window": 0}, {}),
+    ({"query_heads": 64, "kv_heads": 8, "sliding_window": 128}, {}),
+    ({"query_heads": 8, "kv_heads": 1, "sliding_window": 128, "prefill_sequences": 3, "decode_sequences": 2,
+      "cached_prefix": [0, 64, 1000]}, {}),
+    ({"query_heads": 4, "kv_heads": 2}, {"seq_lens": [1, 64, 65, 200, 300, 7], "q_lens": [1, 2, 3, 1, 5, 7]}),
+])
+def test_paged_attention_fp8_builder_is_the_bf16_cache_quantized(dims, kw):
+    """The fp8 builder quantizes its value pool and garbage before copying them into blocks (cheap); that must
+    give the bytes of quantizing the bf16 builder's whole cache, garbage slots included, and the same other
+    inputs."""
+    from references import attention
+
+    tokens = sum(kw["q_lens"]) if "q_lens" in kw else 24
+    for seed in (0, 5, 11):
+        fp8 = attention.build_paged_attention_fp8_inputs(tokens, dims, seed, **kw)
+        bf16 = attention.build_paged_attention_inputs(tokens, dims, seed, **kw)
+        assert fp8.keys() == bf16.keys() | {"k_scale", "v_scale"}
+        for name, scale in (("key_cache", fp8["k_scale"]), ("value_cache", fp8["v_scale"])):
+            want = attention.quantize_fp8(bf16[name], scale)
+            assert torch.equal(fp8[name].view(torch.uint8), want.view(torch.uint8)), (name, seed)
+        for name, value in bf16.items():
+            if name not in ("key_cache", "value_cache"):
+                assert torch.equal(fp8[name], value) if torch.is_tensor(value) else fp8[name] == value, name
+
 def test_moe_tp_partials_sum_to_tp1_and_ranks_follow_vllm():
     """TP ranks take whole 32-column scale blocks (vLLM's gpt-oss cut); their partials, summed in rank
     order, match TP1 (a sum order change and bf16 partials: cosine, not bitwise)."""

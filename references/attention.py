@@ -476,12 +476,13 @@ def _pool_starts(blocks: int, per_block: int, pool: torch.Tensor, gen) -> torch.
 
 
 def _build_cache(num_blocks: int, garbage: torch.Tensor, fills: list, pool: torch.Tensor) -> torch.Tensor:
-    """A cache [num_blocks, 64, hkv, 64] bf16 holding `garbage` (one block's worth) in every slot but the first
-    `keys` slots of each fill's blocks (fills: (block ids in order, their pool offsets, keys)), which hold their
-    pool windows. Every slot is written once: the garbage blocks, then each fill's windows, then the garbage
-    tail of its last block."""
+    """A cache [num_blocks, 64, hkv, 64] of garbage's dtype holding `garbage` (one block's worth) in every slot
+    but the first `keys` slots of each fill's blocks (fills: (block ids in order, their pool offsets, keys)),
+    which hold their pool windows. Every slot is written once: the garbage blocks, then each fill's windows,
+    then the garbage tail of its last block. Only copies, so an elementwise map of pool and garbage (fp8
+    quantization) gives the map of the cache."""
     per_block = garbage.numel()
-    cache = torch.empty((num_blocks, *garbage.shape), dtype=torch.bfloat16)
+    cache = torch.empty((num_blocks, *garbage.shape), dtype=garbage.dtype)
     flat = cache.view(num_blocks, per_block)
     garbage_blocks = torch.ones(num_blocks, dtype=torch.bool)
     for ids, _, _ in fills:
@@ -559,7 +560,7 @@ def prefill_batch_of(tokens: int, dims: dict, seed: int) -> tuple[list[int], lis
 
 
 def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens: list[int] | None = None,
-                                 q_lens: list[int] | None = None) -> dict:
+                                 q_lens: list[int] | None = None, kv_scales: tuple | None = None) -> dict:
     """Seeded inputs of one batch, vLLM's layouts. Default: a decode batch of `tokens` sequences (q_len 1)
     with context lengths from context_lengths_of(); dims with "prefill_sequences" give a prefill batch
     (prefill_batch_of); `seq_lens` / `q_lens` give any mixed batch.
@@ -569,6 +570,7 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
     last key and, in window layers, blocks wholly before the window (vLLM points those at its null block:
     here one shared garbage block) hold garbage (NaN, +-65504, 1e4 noise). Block table entries past a
     sequence's blocks name garbage blocks. q ~ 1.5 N(0, 1), k, v ~ N(0, 1), sinks ~ N(0, 2) rounded to bf16.
+    `kv_scales` (k_scale, v_scale): the caches hold quantize_fp8 of those values (build_paged_attention_fp8_inputs).
     """
     Hq = int(dims.get("query_heads", 64))
     Hkv = int(dims.get("kv_heads", 8))
@@ -609,7 +611,11 @@ def build_paged_attention_inputs(tokens: int, dims: dict, seed: int, *, seq_lens
         filled = L - f * BLOCK_SIZE  # keys held by this sequence's live blocks (the rest stay garbage)
         for c in range(2):  # K's offsets, then V's (the draw order fixes the values)
             fills[c].append((ids, _pool_starts(len(ids), garbage[c].numel(), pool, gen), filled))
-    key_cache, value_cache = (_build_cache(num_blocks, garbage[c], fills[c], pool) for c in range(2))
+    if kv_scales is None:
+        key_cache, value_cache = (_build_cache(num_blocks, garbage[c], fills[c], pool) for c in range(2))
+    else:  # quantized before the copies: the same bytes as quantizing the built cache, at the pool's size
+        key_cache, value_cache = (_build_cache(num_blocks, quantize_fp8(garbage[c], scale), fills[c],
+                                               quantize_fp8(pool, scale)) for c, scale in enumerate(kv_scales))
     q = (1.5 * torch.randn(tokens, Hq, D, generator=gen)).to(torch.bfloat16)
     cu = torch.zeros(B + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
@@ -629,11 +635,9 @@ def build_paged_attention_fp8_inputs(tokens: int, dims: dict, seed: int, **kw) -
     """build_paged_attention_inputs with the cache on the fp8 tier: every slot (values and garbage alike)
     becomes e4m3(x / scale) (`quantize_fp8`: garbage NaN stays the NaN code, +-65504 and the noise saturate to
     +-448), k_scale = 4.5 / 448 and v_scale = 4 / 448 fp32 [1]."""
-    inputs = build_paged_attention_inputs(tokens, dims, seed, **kw)
     k_scale = torch.tensor([FP8_K_SCALE], dtype=torch.float32)
     v_scale = torch.tensor([FP8_V_SCALE], dtype=torch.float32)
-    inputs["key_cache"] = quantize_fp8(inputs["key_cache"], k_scale)
-    inputs["value_cache"] = quantize_fp8(inputs["value_cache"], v_scale)
+    inputs = build_paged_attention_inputs(tokens, dims, seed, kv_scales=(k_scale, v_scale), **kw)
     inputs.update(k_scale=k_scale, v_scale=v_scale)
     return inputs
 
